@@ -1,0 +1,3 @@
+from rollout_fleet.cli import main
+
+main()

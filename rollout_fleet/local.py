@@ -1,0 +1,180 @@
+"""A whole fleet on this machine: gateway, workers, Flower (and optionally a mock TrainGate).
+
+``rollout-fleet up`` runs one for humans; the test suite runs the same processes, started
+with the same commands, against its own redis-server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+from cryptography.fernet import Fernet
+
+from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
+
+
+def fleet_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rollout_fleet", *args]
+
+
+@dataclass
+class LocalFleet:
+    """Configure, then :meth:`start`; every process logs to ``log_dir/<name>.log``."""
+
+    agent: str
+    redis_url: str
+    workers: int = 2
+    concurrency: int | None = None
+    gateway_workers: int = 1
+    flower: bool = False
+    mock_trainer: str | None = None  # a responder name starts a mock TrainGate
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rollout-fleet-")))
+    gateway_port: int = field(default_factory=free_port)
+    flower_port: int = field(default_factory=free_port)
+    mock_trainer_port: int = field(default_factory=free_port)
+    flower_auth: str = field(default_factory=lambda: f"admin:{secrets.token_urlsafe(12)}")
+    processes: dict[str, ManagedProcess] = field(default_factory=dict)
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def flower_url(self) -> str:
+        return f"http://127.0.0.1:{self.flower_port}"
+
+    @property
+    def mock_trainer_url(self) -> str:
+        return f"http://127.0.0.1:{self.mock_trainer_port}"
+
+    @property
+    def key_prefix(self) -> str:
+        return self.env.get("ROLLOUT_FLEET_KEY_PREFIX", "rf")
+
+    def process_env(self) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "REDIS_URL": self.redis_url,
+            "AGENT": self.agent,
+            "ROLLOUT_FLEET_SECRET_KEY": os.environ.get(
+                "ROLLOUT_FLEET_SECRET_KEY", Fernet.generate_key().decode()
+            ),
+            "PYTHONUNBUFFERED": "1",
+            **self.env,
+        }
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+        return env
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> ManagedProcess:
+        process = ManagedProcess(name, argv, env, self.log_dir / f"{name}.log").start()
+        self.processes[name] = process
+        return process
+
+    def start_worker(self, index: int, env: dict[str, str] | None = None) -> ManagedProcess:
+        argv = fleet_command("worker", "--name", f"worker{index}@%h")
+        if self.concurrency is not None:
+            argv += ["--concurrency", str(self.concurrency)]
+        return self._spawn(f"worker-{index}", argv, env or self.process_env())
+
+    def start(self, timeout: float = 60.0) -> LocalFleet:
+        env = self.process_env()
+        if self.mock_trainer is not None:
+            self._spawn(
+                "mock-trainer",
+                fleet_command(
+                    "mock-trainer",
+                    "--port",
+                    str(self.mock_trainer_port),
+                    "--responder",
+                    self.mock_trainer,
+                ),
+                env,
+            )
+        self._spawn(
+            "gateway",
+            fleet_command(
+                "gateway", "--port", str(self.gateway_port), "--workers", str(self.gateway_workers)
+            ),
+            env,
+        )
+        for index in range(1, self.workers + 1):
+            self.start_worker(index, env)
+        if self.flower:
+            self._spawn(
+                "flower",
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "rollout_worker.celery_app",
+                    "flower",
+                    f"--port={self.flower_port}",
+                    "--address=127.0.0.1",
+                    "--purge_offline_workers=60",
+                ],
+                {**env, "FLOWER_BASIC_AUTH": self.flower_auth},
+            )
+        self.wait_ready(timeout)
+        return self
+
+    def live_workers(self) -> int:
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            return sum(1 for _ in client.scan_iter(f"{self.key_prefix}:worker:*"))
+        finally:
+            client.close()
+
+    def wait_ready(self, timeout: float) -> None:
+        def all_alive() -> None:
+            for process in self.processes.values():
+                if not process.alive():
+                    raise RuntimeError(
+                        f"{process.name} exited during startup:\n{process.output()[-4000:]}"
+                    )
+
+        def gateway_ready() -> bool:
+            all_alive()
+            return httpx.get(f"{self.gateway_url}/health", timeout=2).status_code == 200
+
+        def workers_ready() -> bool:
+            all_alive()
+            return self.live_workers() >= self.workers
+
+        wait_until(gateway_ready, timeout, "the gateway")
+        wait_until(workers_ready, timeout, "the workers")
+        if self.flower:
+            wait_until(lambda: port_open(self.flower_port), timeout, "Flower")
+        if self.mock_trainer is not None:
+            wait_until(lambda: port_open(self.mock_trainer_port), timeout, "the mock TrainGate")
+
+    def stop(self) -> None:
+        for process in reversed(list(self.processes.values())):
+            process.stop()
+
+    def sample_request(self) -> str:
+        """A ready-to-send v1 init body pointing at the mock TrainGate."""
+        return json.dumps(
+            {
+                "rollout_id": "demo-1",
+                "server_url": self.mock_trainer_url,
+                "messages": [
+                    {"role": "system", "content": "Use the tools; answer as #### <number>."},
+                    {"role": "user", "content": "What is (15 + 5) * 3?"},
+                ],
+                "completion_params": {"temperature": 0.7},
+                "metadata": {"ground_truth": "60"},
+            }
+        )
+
+
+__all__ = ["LocalFleet", "fleet_command"]

@@ -1,0 +1,111 @@
+"""Child processes of a local fleet: start with a log file, wait for readiness, stop cleanly.
+
+Used by ``rollout-fleet up`` and by the test suite, which runs the fleet's real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
+) -> None:
+    """Poll ``condition`` until it holds; ``TimeoutError`` naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except Exception:
+            pass
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+@dataclass
+class ManagedProcess:
+    """One child process whose output goes to ``log_path``."""
+
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    log_path: Path
+    cwd: Path | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _log: IO[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            list(self.argv),
+            env=dict(self.env),
+            cwd=self.cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in a terminal reaches the supervisor only
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            assert self.process is not None
+            os.kill(self.process.pid, signum)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.process.wait()
+        if self._log is not None:
+            self._log.close()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, no grace: a crashed machine."""
+        if self.alive():
+            assert self.process is not None
+            self.signal(signal.SIGKILL)
+            self.process.wait()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+__all__ = ["ManagedProcess", "free_port", "port_open", "wait_until"]

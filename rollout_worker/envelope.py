@@ -1,0 +1,62 @@
+"""Celery task messages, built as the exact string kombu's Redis transport keeps in a queue.
+
+The admission and sweeper Lua scripts push these strings themselves, so "record written"
+and "job enqueued" happen in one atomic step: no crash can leave a record without its job
+or a job without its record. The headers and body come from Celery's own
+``app.amqp.as_task_v2``; the wrapping mirrors ``kombu.transport.virtual.Channel``
+(``prepare_message`` + ``_inplace_augment_message``). ``tests/test_envelope.py`` pins it
+against a message published by ``send_task``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+from celery import Celery
+from kombu.serialization import dumps
+
+TASK_NAME = "rollout.run"
+_TASK_ID_NAMESPACE = uuid.UUID("6a1f3a4e-8d5c-4f53-9a0b-3c2f1e7d9b10")
+
+
+def task_id_for(record_key: str) -> str:
+    """A stable Celery task id per rollout: duplicates share it, and Flower's URLs stay safe."""
+    return str(uuid.uuid5(_TASK_ID_NAMESPACE, record_key))
+
+
+def task_message(app: Celery, record_key: str, label: str, queue: str) -> str:
+    """The queued form of ``rollout.run(record_key)``; ``label`` is what Flower shows as args.
+
+    The message carries only the record key: the request and its secrets stay in Redis.
+    """
+    task_id = task_id_for(record_key)
+    message = app.amqp.as_task_v2(
+        task_id,
+        TASK_NAME,
+        args=(record_key,),
+        argsrepr=repr(label),
+        kwargsrepr="{}",
+    )
+    content_type, content_encoding, body = dumps(message.body, serializer="json")
+    raw = body.encode(content_encoding) if isinstance(body, str) else body
+    return json.dumps(
+        {
+            "body": base64.b64encode(raw).decode("ascii"),
+            "content-encoding": content_encoding,
+            "content-type": content_type,
+            "headers": message.headers,
+            "properties": {
+                **message.properties,
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    )
+
+
+__all__ = ["TASK_NAME", "task_id_for", "task_message"]

@@ -1,0 +1,123 @@
+"""Everything one worker process owns, built when the worker starts and closed when it stops.
+
+The Celery task threads only call :meth:`WorkerRuntime.run_rollout`; all I/O happens on the
+process's event loop, with one Redis pool and one HTTP pool shared by every rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import httpx
+from celery import Celery
+from redis.asyncio import Redis
+from rollout_sdk.client import new_http_client
+from rollout_sdk.config import get_settings
+from rollout_sdk.core.base import RolloutAgentLoop
+
+from rollout_worker import v1
+from rollout_worker.execution import Executor
+from rollout_worker.loop import LoopThread
+from rollout_worker.records import RecordStore
+from rollout_worker.secrets import load_secret_box
+from rollout_worker.settings import FleetSettings
+from rollout_worker.sweeper import Sweeper
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    def __init__(
+        self, settings: FleetSettings, app: Celery, agent_loop: RolloutAgentLoop, concurrency: int
+    ) -> None:
+        self.settings = settings
+        self.app = app
+        self.agent_loop = agent_loop
+        self.concurrency = concurrency
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.ready = False
+        self._loop = LoopThread()
+        self._background: list[asyncio.Task[None]] = []
+        self._redis: Redis | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._executor: Executor | None = None
+
+    def start(self) -> None:
+        self._loop.start()
+        self._loop.run(self._open())
+
+    def stop(self) -> None:
+        self._loop.run(self._close(), timeout=30)
+        self._loop.stop()
+
+    def mark_ready(self) -> None:
+        """The consumer is running: announce this worker now rather than at the next beat."""
+        self.ready = True
+        self._loop.submit(self._heartbeat())
+
+    def run_rollout(self, record: str) -> str:
+        """Called on a Celery pool thread: run the rollout on the loop and wait for it."""
+        assert self._executor is not None
+        return self._loop.run(self._executor.execute(record))
+
+    async def _open(self) -> None:
+        settings = self.settings
+        self._redis = Redis.from_url(settings.redis_dsn, decode_responses=True)
+        store = RecordStore(self._redis, settings.key_prefix, settings.queue)
+        box = await load_secret_box(self._redis, settings)
+        sdk_settings = get_settings()
+        self._http = new_http_client(sdk_settings)
+        carrier = v1.V1Carrier(self.agent_loop, self._http, box, sdk_settings, settings.debug_dir)
+        self._executor = Executor(
+            store, self.owner, settings, {v1.PROTOCOL: carrier}, self.concurrency
+        )
+        sweeper = Sweeper(store, self.app, settings.inflight_ttl_seconds)
+        self._background = [
+            asyncio.create_task(self._every(settings.lease_seconds / 3, self._heartbeat)),
+            asyncio.create_task(self._every(settings.sweep_interval_seconds, sweeper.sweep)),
+        ]
+
+    async def _close(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    async def _heartbeat(self) -> None:
+        assert self._executor is not None
+        assert self._redis is not None
+        await self._executor.renew_leases()
+        if self.ready:
+            key = self._executor.store.keys.worker(self.owner)
+            status = {
+                "owner": self.owner,
+                "pid": os.getpid(),
+                "concurrency": self.concurrency,
+                "inflight": len(self._executor.held),
+                "at": time.time(),
+            }
+            await self._redis.set(
+                key, json.dumps(status), ex=max(3, int(self.settings.lease_seconds))
+            )
+
+    @staticmethod
+    async def _every(interval: float, action: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            try:
+                await action()
+            except Exception:
+                logger.exception("%s failed; retrying in %.1fs", action.__qualname__, interval)
+            await asyncio.sleep(interval)
+
+
+__all__ = ["WorkerRuntime"]

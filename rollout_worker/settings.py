@@ -1,0 +1,90 @@
+"""Fleet configuration, shared by every fleet process (gateway, workers, Flower, CLI).
+
+Fleet knobs use the ``ROLLOUT_FLEET_`` prefix; the two every deployment sets also answer
+to short names (``REDIS_URL``, ``AGENT``). Protocol knobs keep the SDK's ``OSMOSIS_ROLLOUT_*``
+variables (max concurrent rollouts, record TTL, client retries) so existing deployments
+configure the fleet the way they configured a single rollout server.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from rollout_sdk.config import get_settings
+
+
+class FleetSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_FLEET_", env_file=".env", extra="ignore")
+
+    redis_url: SecretStr = Field(
+        SecretStr("redis://127.0.0.1:6379/0"),
+        validation_alias=AliasChoices("ROLLOUT_FLEET_REDIS_URL", "REDIS_URL"),
+        description="Redis holding the queue and every rollout record (redis:// or rediss://).",
+    )
+    agent: str | None = Field(
+        None,
+        validation_alias=AliasChoices("ROLLOUT_FLEET_AGENT", "AGENT"),
+        description="The agent, as module:attr or path/to/file.py:attr.",
+    )
+    api_key: SecretStr | None = Field(
+        None, description="Server key trainers must send (off if unset)."
+    )
+    key_prefix: str = Field("rf", min_length=1, description="Prefix of every Redis key we own.")
+    queue: str = Field("rollouts", min_length=1, description="Celery queue (a Redis list).")
+    worker_concurrency: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="Rollouts one worker process runs at once "
+        "(default: OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS, 100).",
+    )
+    record_ttl_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="How long a finished rollout's record (and idempotency key) is kept "
+        "(default: OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS, 3600).",
+    )
+    inflight_ttl_seconds: float = Field(
+        86_400, gt=0, description="Safety TTL of a record that is queued or running."
+    )
+    lease_seconds: float = Field(
+        15, gt=0, description="A worker holds a rollout this long without renewing it."
+    )
+    sweep_interval_seconds: float = Field(
+        5, gt=0, description="How often workers look for rollouts whose worker died."
+    )
+    max_attempts: int = Field(
+        5, ge=1, description="Executions of one rollout before it is failed as a crash loop."
+    )
+    visibility_timeout_seconds: int = Field(
+        300,
+        ge=10,
+        description="Broker redelivery backstop; leases, not this, recover crashed rollouts.",
+    )
+    get_tools_timeout_seconds: float = Field(
+        10, gt=0, description="Limit on the agent's get_tools() during admission."
+    )
+    get_tools_threads: int = Field(16, ge=1, description="Threads running get_tools() per gateway.")
+    secret_key: SecretStr | None = Field(
+        None,
+        description="Fernet key sealing trainer API keys in Redis. Unset: a key is generated "
+        "and kept in Redis (obfuscation only).",
+    )
+    debug_dir: str | None = Field(None, description="Write v1 debug traces (ctx.log_event) here.")
+
+    @cached_property
+    def concurrency(self) -> int:
+        return self.worker_concurrency or get_settings().server.max_concurrent_rollouts
+
+    @cached_property
+    def record_ttl(self) -> float:
+        return self.record_ttl_seconds or get_settings().server.record_ttl_seconds
+
+    @property
+    def redis_dsn(self) -> str:
+        return self.redis_url.get_secret_value()
+
+
+__all__ = ["FleetSettings"]

@@ -1,0 +1,63 @@
+"""The Celery side of a worker: the ``rollout.run`` task and the process lifecycle signals.
+
+The task is a thin synchronous wrapper: it hands the record key to the process's event
+loop and waits, so Celery's ``--concurrency`` caps the rollouts in flight per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Any
+
+from celery import signals
+from rollout_sdk.loader import AgentLoadError, load_agent_loop
+
+from rollout_worker.celery_app import app, settings
+from rollout_worker.envelope import TASK_NAME
+from rollout_worker.runtime import WorkerRuntime
+
+logger = logging.getLogger(__name__)
+
+_runtime: WorkerRuntime | None = None
+
+
+@signals.worker_init.connect
+def _start_runtime(sender: Any = None, **_: Any) -> None:
+    global _runtime  # noqa: PLW0603 - one runtime per worker process
+    if not settings.agent:
+        raise SystemExit("no agent configured: set AGENT (or ROLLOUT_FLEET_AGENT) to module:attr")
+    try:
+        agent_loop = load_agent_loop(settings.agent)
+    except AgentLoadError as exc:
+        raise SystemExit(f"cannot load the agent {settings.agent!r}: {exc}") from exc
+    concurrency = getattr(sender, "concurrency", None) or settings.concurrency
+    runtime = WorkerRuntime(settings, app, agent_loop, concurrency)
+    runtime.start()
+    _runtime = runtime
+    logger.info(
+        "worker %s serving agent %r (%d slots)", runtime.owner, agent_loop.name, concurrency
+    )
+
+
+@signals.worker_ready.connect
+def _mark_ready(**_: Any) -> None:
+    if _runtime is not None:
+        _runtime.mark_ready()
+
+
+@signals.worker_shutdown.connect
+def _stop_runtime(**_: Any) -> None:
+    if _runtime is not None:
+        _runtime.stop()
+
+
+@app.task(name=TASK_NAME)
+def run_rollout(record: str) -> str:
+    if _runtime is None:
+        raise RuntimeError("the worker runtime is not running")
+    try:
+        return _runtime.run_rollout(record)
+    except (asyncio.CancelledError, concurrent.futures.CancelledError):
+        return "cancelled"

@@ -1,0 +1,127 @@
+"""The v1 protocol on the fleet: the record the gateway writes and the worker carries.
+
+A v1 rollout is keyed by its idempotency key (``idempotency_key or rollout_id``, P§1.3.1).
+The worker runs the agent loop, stores the completion body (status ``delivering``) and only
+then posts it, so a worker that dies mid-delivery leaves a result another worker delivers
+instead of a rollout the trainer never hears about.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from rollout_sdk.client import OsmosisLLMClient
+from rollout_sdk.config import RolloutSettings
+from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
+from rollout_sdk.core.exceptions import OsmosisRolloutError
+from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
+from rollout_sdk.runner import error_response, run_agent_loop
+
+from rollout_worker.execution import Lease
+from rollout_worker.records import Claim, Status, Verdict
+from rollout_worker.secrets import SecretBox, redact
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL = "v1"
+
+
+def admission_fields(request: RolloutRequest, response_json: str, box: SecretBox) -> dict[str, str]:
+    """The record fields of a newly admitted v1 rollout; the API key is sealed, never plain."""
+    fields = {
+        "protocol": PROTOCOL,
+        "rollout_id": request.rollout_id,
+        "request": request.model_dump_json(exclude={"api_key"}),
+        "response": response_json,
+    }
+    if request.api_key:
+        fields["secret"] = box.seal(request.api_key)
+    return fields
+
+
+def request_from_record(record: Mapping[str, str], box: SecretBox) -> RolloutRequest:
+    request = RolloutRequest.model_validate_json(record["request"], context={"admitted": True})
+    if "secret" in record:
+        request = request.model_copy(update={"api_key": box.open(record["secret"])})
+    return request
+
+
+def terminal_status(response: RolloutResponse) -> Status:
+    return Status.SUCCESS if response.status is RolloutStatus.COMPLETED else Status.FAILURE
+
+
+class V1Carrier:
+    """Runs v1 agent loops and delivers their completion callbacks."""
+
+    def __init__(
+        self,
+        agent_loop: RolloutAgentLoop,
+        http: httpx.AsyncClient,
+        box: SecretBox,
+        sdk_settings: RolloutSettings,
+        debug_dir: str | None = None,
+    ) -> None:
+        self._agent_loop = agent_loop
+        self._http = http
+        self._box = box
+        self._sdk_settings = sdk_settings
+        self._debug_dir = debug_dir
+
+    def _client(self, request: RolloutRequest) -> OsmosisLLMClient:
+        return OsmosisLLMClient(
+            request.server_url,
+            request.rollout_id,
+            request.api_key,
+            settings=self._sdk_settings,
+            http_client=self._http,
+        )
+
+    async def carry(self, claim: Claim, lease: Lease) -> Status | None:
+        request = request_from_record(claim.record, self._box)
+        if claim.verdict is Verdict.DELIVERING:
+            response = RolloutResponse.model_validate_json(claim.record["result"])
+        else:
+            response = await self._produce(claim, request)
+            if not await lease.advance(Status.DELIVERING, result=response.wire_json()):
+                return None
+        delivery = await self._deliver(request, response)
+        status = terminal_status(response)
+        await lease.advance(status, delivery=delivery)
+        return status
+
+    async def _produce(self, claim: Claim, request: RolloutRequest) -> RolloutResponse:
+        if claim.verdict is Verdict.EXHAUSTED:
+            return error_response(
+                request.rollout_id,
+                f"rollout abandoned after {claim.attempt - 1} attempts: the workers running it "
+                "stopped (crashed or were killed) each time",
+            )
+        tools: list[Any] = json.loads(claim.record["response"])["tools"]
+        ctx = RolloutContext(
+            request,
+            tools,
+            self._client(request),
+            # total_latency_ms counts from admission, queue time included (P§1.6).
+            _start_time=time.monotonic() - claim.ms_since_accepted / 1000,
+            _debug_dir=self._debug_dir,
+        )
+        return await run_agent_loop(self._agent_loop, ctx)
+
+    async def _deliver(self, request: RolloutRequest, response: RolloutResponse) -> str:
+        try:
+            await self._client(request).post_completion(response)
+        except OsmosisRolloutError as exc:
+            reason = redact(str(exc), request.api_key)
+            logger.warning(
+                "rollout %s: completion callback not delivered: %s", request.rollout_id, reason
+            )
+            return f"failed: {reason}"
+        return "delivered"
+
+
+__all__ = ["PROTOCOL", "V1Carrier", "admission_fields", "request_from_record"]

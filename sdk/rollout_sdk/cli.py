@@ -1,0 +1,137 @@
+"""The agent author's command line: ``rollout-sdk`` (also installed as ``osmosis``).
+
+rollout-sdk validate -m server:agent_loop
+rollout-sdk serve -m server:agent_loop --local -p 9000
+rollout-sdk mock-trainer --responder calculator -p 9001
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, NoReturn
+
+try:
+    import typer
+    from dotenv import load_dotenv
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise SystemExit("the CLI needs typer: pip install 'rollout-sdk[cli]'") from exc
+
+from rollout_sdk.core.base import RolloutAgentLoop
+from rollout_sdk.loader import AgentLoadError, load_agent_loop, split_reference
+
+app = typer.Typer(
+    name="rollout-sdk",
+    help="Validate, serve and test rollout agents.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+ModuleOption = Annotated[
+    str, typer.Option("-m", "--module", help="Agent loop as module.path:attribute")
+]
+
+
+def fail(message: str) -> NoReturn:
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def load_loop_or_exit(reference: str) -> RolloutAgentLoop:
+    try:
+        if split_reference(reference)[1] is None:
+            fail(f"invalid module spec {reference!r}: expected 'module.path:attribute'")
+        return load_agent_loop(reference)
+    except AgentLoadError as exc:
+        fail(str(exc))
+
+
+@app.callback()
+def _load_env() -> None:
+    load_dotenv(".env")
+
+
+@app.command()
+def validate(
+    module: ModuleOption,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show warnings")] = False,
+) -> None:
+    """Check an agent loop's name, tools and run method."""
+    from rollout_sdk.server.serve import validate_and_report
+
+    if not validate_and_report(load_loop_or_exit(module), verbose=verbose).valid:
+        raise typer.Exit(1)
+
+
+@app.command()
+def serve(
+    module: ModuleOption,
+    port: Annotated[int, typer.Option("-p", "--port")] = 9000,
+    host: Annotated[str, typer.Option("-H", "--host")] = "0.0.0.0",
+    no_validate: Annotated[bool, typer.Option("--no-validate")] = False,
+    validate_only: Annotated[bool, typer.Option("--validate-only")] = False,
+    reload: Annotated[bool, typer.Option("--reload")] = False,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    skip_register: Annotated[bool, typer.Option("--skip-register")] = False,
+    local: Annotated[bool, typer.Option("--local", "--local-debug", help="No auth")] = False,
+    api_key: Annotated[str | None, typer.Option("--api-key")] = None,
+    log_dir: Annotated[str | None, typer.Option("--log", help="Write traces here")] = None,
+) -> None:
+    """Serve an agent loop in-process (v1 protocol)."""
+    from rollout_sdk.server.serve import ServeError, serve_agent_loop, validate_and_report
+    from rollout_sdk.validator import AgentLoopValidationError
+
+    if log_level not in LOG_LEVELS:
+        fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+    agent_loop = load_loop_or_exit(module)
+    if validate_only:
+        if not validate_and_report(agent_loop).valid:
+            raise typer.Exit(1)
+        return
+    logging.basicConfig(level=log_level.upper() if log_level != "trace" else "DEBUG")
+    try:
+        serve_agent_loop(
+            agent_loop,
+            host=host,
+            port=port,
+            validate=not no_validate,
+            log_level=log_level,
+            reload=reload,
+            skip_register=skip_register,
+            api_key=api_key,
+            local_debug=local,
+            debug_dir=log_dir,
+        )
+    except (ServeError, AgentLoopValidationError) as exc:
+        fail(str(exc))
+
+
+@app.command("mock-trainer")
+def mock_trainer(
+    port: Annotated[int, typer.Option("-p", "--port")] = 9001,
+    host: Annotated[str, typer.Option("-H", "--host")] = "127.0.0.1",
+    responder: Annotated[
+        str, typer.Option(help="keyword (reference behaviour) or calculator")
+    ] = "keyword",
+    latency: Annotated[float, typer.Option(help="Seconds added to every chat call")] = 0.0,
+    record_calls: Annotated[bool, typer.Option(help="Keep every call for /mock/calls")] = True,
+) -> None:
+    """Run the mock TrainGate (stands in for a trainer's LLM and callback endpoints)."""
+    import uvicorn
+
+    from rollout_sdk.testing import RESPONDERS, create_mock_trainer_app
+
+    if responder not in RESPONDERS:
+        fail(f"--responder must be one of {', '.join(sorted(RESPONDERS))}")
+    mock = create_mock_trainer_app(
+        responder=RESPONDERS[responder](), latency_s=latency, record_calls=record_calls
+    )
+    uvicorn.run(mock, host=host, port=port, log_level="warning")
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

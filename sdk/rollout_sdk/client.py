@@ -1,0 +1,273 @@
+"""The TrainGate client used by v1 rollouts (SDK.md §1.7, PROTOCOL.md §1.5-1.6).
+
+One client serves one rollout: it posts chat completions for that rollout id, keeps the
+rollout's LLM metrics, and finally posts the completion callback. Pass ``http_client`` to
+share one connection pool across many rollouts (the fleet workers do); otherwise the
+client opens and closes its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from rollout_sdk.config import RolloutSettings, get_settings
+from rollout_sdk.core.exceptions import (
+    OsmosisRolloutError,
+    OsmosisServerError,
+    OsmosisTimeoutError,
+    OsmosisTransportError,
+    OsmosisValidationError,
+)
+from rollout_sdk.core.schemas import (
+    CompletionsRequest,
+    CompletionsResponse,
+    MessageDict,
+    RolloutMetrics,
+    RolloutResponse,
+    RolloutStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class CompletionsResult:
+    """One assistant turn returned by the TrainGate."""
+
+    message: MessageDict
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str = "stop"
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return bool(self.message.get("tool_calls"))
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        # [decision] [] also when the key is present but null (the reference returns None).
+        return list(self.message.get("tool_calls") or [])
+
+    @property
+    def content(self) -> Any:
+        return self.message.get("content")
+
+
+def _is_200(status: int) -> bool:
+    return status == 200
+
+
+def _is_2xx(status: int) -> bool:
+    # [decision] any 2xx acknowledges a completion callback (the reference re-posts on 202/204).
+    return 200 <= status < 300
+
+
+def new_http_client(settings: RolloutSettings | None = None) -> httpx.AsyncClient:
+    """An ``AsyncClient`` sized by the client settings; share it across rollouts of one loop."""
+    client_settings = (settings or get_settings()).client
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(client_settings.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS),
+        limits=httpx.Limits(
+            max_connections=client_settings.max_connections,
+            max_keepalive_connections=client_settings.max_keepalive_connections,
+        ),
+    )
+
+
+class OsmosisLLMClient:
+    """Posts one rollout's chat completions and its completion callback to the TrainGate."""
+
+    def __init__(
+        self,
+        server_url: str,
+        rollout_id: str,
+        api_key: str | None = None,
+        timeout_seconds: float | None = None,
+        max_retries: int | None = None,
+        complete_rollout_retries: int | None = None,
+        settings: RolloutSettings | None = None,
+        *,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._settings = settings or get_settings()
+        client_settings = self._settings.client
+        self.server_url = server_url.rstrip("/")
+        self.rollout_id = rollout_id
+        self._api_key = api_key
+        self.timeout_seconds = (
+            client_settings.timeout_seconds if timeout_seconds is None else timeout_seconds
+        )
+        self.max_retries = client_settings.max_retries if max_retries is None else max_retries
+        self.complete_rollout_retries = (
+            client_settings.complete_rollout_retries
+            if complete_rollout_retries is None
+            else complete_rollout_retries
+        )
+        self._retry_base_delay = client_settings.retry_base_delay
+        self._retry_max_delay = client_settings.retry_max_delay
+        self._http = http_client
+        self._owns_http = http_client is None
+        self._metrics = RolloutMetrics()
+
+    async def __aenter__(self) -> OsmosisLLMClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_http and self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    def get_metrics(self) -> RolloutMetrics:
+        return self._metrics.model_copy()
+
+    async def chat_completions(
+        self,
+        messages: list[MessageDict],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int = 512,
+        stop: Any = None,
+        logprobs: bool = True,
+        **kwargs: Any,
+    ) -> CompletionsResult:
+        """Ask the policy for the next turn. Keywords other than the spec's are dropped."""
+        request = CompletionsRequest(
+            model=kwargs.get("model") or "default",
+            messages=messages,
+            rollout_id=self.rollout_id,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            stop=stop,
+            logprobs=logprobs,
+        )
+        started = time.monotonic()
+        response = await self._post(
+            "/v1/chat/completions",
+            request.model_dump_json(exclude_none=True),
+            retries=self.max_retries,
+            is_success=_is_200,
+        )
+        try:
+            parsed = CompletionsResponse.model_validate_json(response.content)
+            choice = parsed.choices[0]
+        except (ValidationError, IndexError) as exc:
+            raise OsmosisValidationError(
+                f"TrainGate returned an unusable chat completion: {exc}", response.status_code
+            ) from exc
+        usage = parsed.usage or {}
+        metrics = self._metrics
+        metrics.llm_latency_ms += (time.monotonic() - started) * 1000
+        metrics.num_llm_calls += 1
+        metrics.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        metrics.response_tokens += int(usage.get("completion_tokens") or 0)
+        return CompletionsResult(
+            message=choice.message,
+            token_ids=parsed.token_ids or [],
+            logprobs=parsed.logprobs or [],
+            usage=usage,
+            finish_reason=choice.finish_reason or "stop",
+        )
+
+    async def complete_rollout(
+        self,
+        status: RolloutStatus | str,
+        final_messages: list[MessageDict],
+        finish_reason: str | None = "stop",
+        error_message: str | None = None,
+        metrics: RolloutMetrics | None = None,
+        reward: float | None = None,
+    ) -> None:
+        """Post the completion callback (metrics default to this client's counters)."""
+        await self.post_completion(
+            RolloutResponse(
+                rollout_id=self.rollout_id,
+                status=RolloutStatus(status),
+                final_messages=final_messages,
+                finish_reason=finish_reason,
+                error_message=error_message,
+                reward=reward,
+                metrics=metrics or self.get_metrics(),
+            )
+        )
+
+    async def post_completion(self, response: RolloutResponse) -> None:
+        """Deliver a finished rollout to ``{server_url}/v1/rollout/completed``."""
+        await self._post(
+            "/v1/rollout/completed",
+            response.wire_json(),
+            retries=self.complete_rollout_retries,
+            is_success=_is_2xx,
+        )
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = new_http_client(self._settings)
+        return self._http
+
+    def _retry_delay(self, attempt: int) -> float:
+        return min(self._retry_base_delay * math.pow(2, attempt), self._retry_max_delay)
+
+    async def _post(
+        self, path: str, body: str, *, retries: int, is_success: Callable[[int], bool]
+    ) -> httpx.Response:
+        """POST with the spec's retry policy: retry 5xx, timeouts and transport errors."""
+        url = self.server_url + path
+        timeout = httpx.Timeout(self.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS)
+        last_error: OsmosisRolloutError | None = None
+        for attempt in range(retries + 1):
+            if attempt:
+                await asyncio.sleep(self._retry_delay(attempt - 1))
+            try:
+                response = await self._client().post(
+                    url, content=body, headers=self._headers(), timeout=timeout
+                )
+            except httpx.TimeoutException as exc:
+                last_error = OsmosisTimeoutError(f"POST {url} timed out: {exc!r}")
+            except httpx.TransportError as exc:
+                last_error = OsmosisTransportError(f"POST {url} failed: {exc!r}")
+            else:
+                if is_success(response.status_code):
+                    return response
+                if response.status_code < 500:
+                    raise OsmosisValidationError(
+                        f"POST {url} returned {response.status_code}: {response.text[:2000]}",
+                        response.status_code,
+                    )
+                last_error = OsmosisServerError(
+                    f"POST {url} returned {response.status_code}: {response.text[:2000]}",
+                    response.status_code,
+                )
+            logger.warning(
+                "rollout %s: attempt %d/%d failed: %s",
+                self.rollout_id,
+                attempt + 1,
+                retries + 1,
+                last_error,
+            )
+        assert last_error is not None
+        raise last_error
+
+
+__all__ = ["CompletionsResult", "OsmosisLLMClient", "new_http_client"]

@@ -1,0 +1,1 @@
+"""Protocol core: the agent-loop base classes, wire schemas and exceptions."""

@@ -1,0 +1,119 @@
+"""Loading a user's agent from a ``module:attr`` or ``path/to/file.py:attr`` reference."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from rollout_sdk.compat import install_osmosis_alias
+from rollout_sdk.core.base import RolloutAgentLoop
+
+
+class AgentLoadError(Exception):
+    """The agent reference cannot be turned into an agent."""
+
+
+def split_reference(reference: str) -> tuple[str, str | None]:
+    """``"pkg.mod:attr"`` → ``("pkg.mod", "attr")``; split on the last colon."""
+    module, sep, attr = reference.rpartition(":")
+    if not sep:
+        return reference, None
+    if not module or not attr:
+        raise AgentLoadError(f"invalid agent reference {reference!r}: expected module:attribute")
+    return module, attr
+
+
+def _looks_like_path(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or os.sep in target
+
+
+def _import_file(path: Path) -> ModuleType:
+    if not path.is_file():
+        raise AgentLoadError(f"agent file {str(path)!r} does not exist")
+    directory = str(path.parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)  # so the agent's sibling modules import
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise AgentLoadError(f"cannot import {str(path)!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def import_agent_module(target: str) -> ModuleType:
+    """Import a module by dotted name (the working directory is importable) or by file path."""
+    install_osmosis_alias()
+    try:
+        if _looks_like_path(target):
+            return _import_file(Path(target).resolve())
+        cwd = os.getcwd()
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+        return importlib.import_module(target)
+    except AgentLoadError:
+        raise
+    except Exception as exc:
+        raise AgentLoadError(f"cannot import {target!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _public_names(module: ModuleType) -> list[str]:
+    return sorted(name for name in vars(module) if not name.startswith("_"))
+
+
+def _as_agent_loop(obj: object, reference: str) -> RolloutAgentLoop:
+    if inspect.isclass(obj) and issubclass(obj, RolloutAgentLoop):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise AgentLoadError(
+                f"cannot construct {reference}: {type(exc).__name__}: {exc}"
+            ) from exc
+    if not isinstance(obj, RolloutAgentLoop):
+        raise AgentLoadError(
+            f"{reference} is a {type(obj).__name__}, not a RolloutAgentLoop instance or subclass"
+        )
+    return obj
+
+
+def _discover_agent_loop(module: ModuleType, reference: str) -> RolloutAgentLoop:
+    found = {id(v): v for v in vars(module).values() if isinstance(v, RolloutAgentLoop)}
+    if len(found) != 1:
+        raise AgentLoadError(
+            f"{reference}: expected module:attribute (found {len(found)} agent loop instances "
+            "to pick from)"
+        )
+    return next(iter(found.values()))
+
+
+def load_agent_loop(reference: str) -> RolloutAgentLoop:
+    """Resolve ``module:attr`` (or ``file.py:attr``) to a v1 agent loop instance.
+
+    Without ``:attr`` the module must hold exactly one agent loop instance.
+    """
+    target, attr = split_reference(reference)
+    module = import_agent_module(target)
+    if attr is None:
+        return _discover_agent_loop(module, reference)
+    if not hasattr(module, attr):
+        raise AgentLoadError(
+            f"{target!r} has no attribute {attr!r}; available: {', '.join(_public_names(module))}"
+        )
+    return _as_agent_loop(getattr(module, attr), reference)
+
+
+__all__ = ["AgentLoadError", "import_agent_module", "load_agent_loop", "split_reference"]

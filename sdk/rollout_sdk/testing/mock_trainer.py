@@ -1,0 +1,313 @@
+"""A mock TrainGate: a real HTTP server standing in for the trainer (SDK.md §1.14).
+
+Besides the reference routes (``/v1/chat/completions``, ``/v1/rollout/completed``) it has a
+small admin API under ``/mock`` so tests in another process can script it and read what it
+saw: every call with its headers and body, and each completion delivery per rollout id.
+
+    POST /mock/faults   [{"target": "chat", "status": 503, "times": 3}, ...]
+    POST /mock/config   {"latency_s": 0.1, "responder": "calculator"}
+    GET  /mock/calls    ?path=chat|completed&rollout_id=...
+    GET  /mock/deliveries
+    POST /mock/reset
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+
+from rollout_sdk.core.schemas import CompletionsRequest, MessageDict, RolloutResponse
+from rollout_sdk.testing.responders import (
+    RESPONDERS,
+    Responder,
+    ToolCallGenerator,
+    keyword_responder,
+)
+
+if TYPE_CHECKING:
+    import pytest
+
+Target = Literal["chat", "completed"]
+
+
+def fake_token_ids(text: str) -> list[int]:
+    return list(range(len(text)))
+
+
+def fake_prompt_token_ids(messages: list[MessageDict]) -> list[int]:
+    return list(range(10 * max(1, len(messages))))
+
+
+@dataclass
+class RolloutCompletionTracker:
+    """Collects completion callbacks in-process; ``wait`` blocks until one arrives."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    responses: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, response: dict[str, Any]) -> None:
+        self.responses.append(response)
+        self.event.set()
+
+    def clear(self) -> None:
+        self.responses.clear()
+        self.event.clear()
+
+    def wait(self, timeout: float = 5.0) -> bool:
+        return self.event.wait(timeout)
+
+
+class Fault(BaseModel):
+    """Misbehave on the next ``times`` matching calls (``None``: forever)."""
+
+    target: Target
+    status: int | None = None
+    delay_s: float = Field(0.0, ge=0)
+    times: int | None = Field(1, ge=1)
+    rollout_id: str | None = None
+
+
+class MockConfig(BaseModel):
+    latency_s: float | None = Field(None, ge=0)
+    responder: str | None = None
+
+
+class RecordedCall(BaseModel):
+    target: Target
+    rollout_id: str | None
+    headers: dict[str, str]
+    body: Any
+    at: float
+    status: int
+
+
+@dataclass
+class MockTrainGate:
+    """The mock's state; one instance per app (``app.state.gate``)."""
+
+    responder: Responder
+    latency_s: float = 0.0
+    record_calls: bool = True
+    tracker: RolloutCompletionTracker | None = None
+    calls: list[RecordedCall] = field(default_factory=list)
+    deliveries: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    faults: list[Fault] = field(default_factory=list)
+
+    def take_fault(self, target: Target, rollout_id: str | None) -> Fault | None:
+        for fault in self.faults:
+            if fault.target == target and fault.rollout_id in (None, rollout_id):
+                if fault.times is not None:
+                    fault.times -= 1
+                    if fault.times == 0:
+                        self.faults.remove(fault)
+                return fault
+        return None
+
+    async def misbehave(self, target: Target, rollout_id: str | None) -> JSONResponse | None:
+        """Apply the next matching fault: a delay, and/or an error status."""
+        fault = self.take_fault(target, rollout_id)
+        if fault is None:
+            return None
+        if fault.delay_s:
+            await asyncio.sleep(fault.delay_s)
+        if fault.status is None:
+            return None
+        return JSONResponse(status_code=fault.status, content={"detail": "injected fault"})
+
+    def record(
+        self, target: Target, rollout_id: str | None, request: Request, body: Any, status: int
+    ) -> None:
+        if self.record_calls:
+            self.calls.append(
+                RecordedCall(
+                    target=target,
+                    rollout_id=rollout_id,
+                    headers=dict(request.headers),
+                    body=body,
+                    at=time.time(),
+                    status=status,
+                )
+            )
+
+    def deliver(self, payload: dict[str, Any]) -> None:
+        self.latest[payload["rollout_id"]] = payload
+        self.deliveries[payload["rollout_id"]].append(payload)
+        if self.tracker is not None:
+            self.tracker.record(payload)
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.deliveries.clear()
+        self.latest.clear()
+        self.faults.clear()
+        if self.tracker is not None:
+            self.tracker.clear()
+
+
+def _completion_body(request: CompletionsRequest, responder: Responder) -> dict[str, Any]:
+    turn = responder(request.messages)
+    text = turn.content or ""
+    token_ids = fake_token_ids(text)
+    prompt_ids = fake_prompt_token_ids(request.messages)
+    return {
+        "id": request.rollout_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [{"index": 0, "message": turn.message(), "finish_reason": turn.finish_reason}],
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(token_ids),
+            "total_tokens": len(prompt_ids) + len(token_ids),
+        },
+        "token_ids": token_ids,
+        "logprobs": [0.0] * len(token_ids),
+        "prompt_token_ids": prompt_ids,
+    }
+
+
+async def _json_body(request: Request) -> tuple[Any, str | None]:
+    """The raw JSON body and the rollout id it names (if any)."""
+    try:
+        raw = await request.json()
+    except ValueError as exc:
+        raise HTTPException(status_code=400, detail="invalid body") from exc
+    rollout_id = raw.get("rollout_id") if isinstance(raw, dict) else None
+    return raw, rollout_id if isinstance(rollout_id, str) else None
+
+
+def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        raw, rollout_id = await _json_body(request)
+        faulty = await gate.misbehave("chat", rollout_id)
+        if faulty is not None:
+            gate.record("chat", rollout_id, request, raw, faulty.status_code)
+            return faulty
+        try:
+            body = CompletionsRequest.model_validate(raw)
+        except ValidationError as exc:
+            gate.record("chat", rollout_id, request, raw, 422)
+            raise HTTPException(status_code=422, detail=exc.errors(include_url=False)) from exc
+        if gate.latency_s:
+            await asyncio.sleep(gate.latency_s)
+        gate.record("chat", rollout_id, request, raw, 200)
+        return _completion_body(body, gate.responder)
+
+    @app.post("/v1/rollout/completed")
+    async def rollout_completed(request: Request) -> Any:
+        raw, rollout_id = await _json_body(request)
+        faulty = await gate.misbehave("completed", rollout_id)
+        if faulty is not None:
+            gate.record("completed", rollout_id, request, raw, faulty.status_code)
+            return faulty
+        try:
+            payload = RolloutResponse.model_validate(raw).model_dump(mode="json", exclude_none=True)
+        except ValidationError as exc:
+            gate.record("completed", rollout_id, request, raw, 422)
+            raise HTTPException(status_code=422, detail=exc.errors(include_url=False)) from exc
+        gate.record("completed", rollout_id, request, raw, 200)
+        gate.deliver(payload)
+        return {"status": "ok"}
+
+    @app.get("/v1/rollout/completed/{rollout_id}")
+    async def get_completed(rollout_id: str) -> dict[str, Any]:
+        return gate.latest.get(rollout_id, {})
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "healthy", "service": "mock-trainer"}
+
+
+def _add_admin_routes(app: FastAPI, gate: MockTrainGate) -> None:
+    @app.post("/mock/faults")
+    async def add_faults(faults: list[Fault]) -> dict[str, int]:
+        gate.faults.extend(faults)
+        return {"faults": len(gate.faults)}
+
+    @app.post("/mock/config")
+    async def configure(config: MockConfig) -> dict[str, Any]:
+        if config.latency_s is not None:
+            gate.latency_s = config.latency_s
+        if config.responder is not None:
+            if config.responder not in RESPONDERS:
+                raise HTTPException(422, f"unknown responder; choose from {sorted(RESPONDERS)}")
+            gate.responder = RESPONDERS[config.responder]()
+        return {"latency_s": gate.latency_s}
+
+    @app.get("/mock/calls")
+    async def list_calls(path: Target | None = None, rollout_id: str | None = None) -> Any:
+        return [
+            call.model_dump()
+            for call in gate.calls
+            if path in (None, call.target) and rollout_id in (None, call.rollout_id)
+        ]
+
+    @app.get("/mock/deliveries")
+    async def list_deliveries() -> dict[str, list[dict[str, Any]]]:
+        return dict(gate.deliveries)
+
+    @app.post("/mock/reset")
+    async def reset() -> dict[str, str]:
+        gate.reset()
+        return {"status": "reset"}
+
+
+def create_mock_trainer_app(
+    tracker: RolloutCompletionTracker | None = None,
+    tool_call_generator: ToolCallGenerator | None = None,
+    *,
+    responder: Responder | None = None,
+    latency_s: float = 0.0,
+    record_calls: bool = True,
+) -> FastAPI:
+    """The mock TrainGate as a FastAPI app (run it with uvicorn or a ``TestClient``)."""
+    gate = MockTrainGate(
+        responder=responder or keyword_responder(tool_call_generator),
+        latency_s=latency_s,
+        record_calls=record_calls,
+        tracker=tracker,
+    )
+    app = FastAPI(title="Mock Trainer Server")
+    app.state.gate = gate
+    _add_trainer_routes(app, gate)
+    _add_admin_routes(app, gate)
+    return app
+
+
+def patch_httpx_for_mock_trainer(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Route ``httpx.AsyncClient.post`` calls for the two TrainGate paths to ``client``
+    (a ``fastapi.testclient.TestClient`` of the mock app); other URLs pass through."""
+    import httpx
+
+    original_post = httpx.AsyncClient.post
+
+    async def post(self: httpx.AsyncClient, url: Any, *args: Any, **kwargs: Any) -> Any:
+        target = str(url)
+        for path in ("/v1/chat/completions", "/v1/rollout/completed"):
+            if path in target:
+                kwargs.pop("timeout", None)
+                return client.post(path, *args, **kwargs)
+        return await original_post(self, url, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.AsyncClient, "post", post)
+
+
+__all__ = [
+    "Fault",
+    "MockTrainGate",
+    "RolloutCompletionTracker",
+    "create_mock_trainer_app",
+    "fake_prompt_token_ids",
+    "fake_token_ids",
+    "patch_httpx_for_mock_trainer",
+]
