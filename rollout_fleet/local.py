@@ -85,6 +85,12 @@ class LocalFleet:
             argv += ["--concurrency", str(self.concurrency)]
         return self._spawn(f"worker-{index}", argv, env or self.process_env())
 
+    def start_gateway(self, env: dict[str, str] | None = None) -> ManagedProcess:
+        argv = fleet_command(
+            "gateway", "--port", str(self.gateway_port), "--workers", str(self.gateway_workers)
+        )
+        return self._spawn("gateway", argv, env or self.process_env())
+
     def start(self, timeout: float = 60.0) -> LocalFleet:
         env = self.process_env()
         if self.mock_trainer is not None:

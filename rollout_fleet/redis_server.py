@@ -34,13 +34,17 @@ class RedisServer:
     port: int = field(default_factory=free_port)
     appendonly: bool = False
     password: str | None = None
+    databases: int = 16
     data_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rollout-redis-")))
     process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
+        return self.url_for(0)
+
+    def url_for(self, database: int) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"redis://{auth}127.0.0.1:{self.port}/{database}"
 
     def argv(self) -> list[str]:
         argv = [
@@ -57,6 +61,8 @@ class RedisServer:
             "yes" if self.appendonly else "no",
             "--maxmemory-policy",
             "noeviction",
+            "--databases",
+            str(self.databases),
         ]
         if self.password:
             argv += ["--requirepass", self.password]

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import load_agent_loop
 
@@ -66,6 +67,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     from rollout_gateway import v1
 
     settings = settings or celery_app.settings
+    get_settings()  # a bad OSMOSIS_ROLLOUT_* value fails here, at startup
     if not settings.agent:
         raise RuntimeError("no agent configured: set AGENT (or ROLLOUT_FLEET_AGENT) to module:attr")
     agent_loop = load_agent_loop(settings.agent)

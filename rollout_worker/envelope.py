@@ -38,6 +38,7 @@ def task_message(app: Celery, record_key: str, label: str, queue: str) -> str:
         args=(record_key,),
         argsrepr=repr(label),
         kwargsrepr="{}",
+        ignore_result=True,
     )
     content_type, content_encoding, body = dumps(message.body, serializer="json")
     raw = body.encode(content_encoding) if isinstance(body, str) else body

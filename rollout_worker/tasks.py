@@ -34,7 +34,12 @@ def _start_runtime(sender: Any = None, **_: Any) -> None:
         raise SystemExit(f"cannot load the agent {settings.agent!r}: {exc}") from exc
     concurrency = getattr(sender, "concurrency", None) or settings.concurrency
     runtime = WorkerRuntime(settings, app, agent_loop, concurrency)
-    runtime.start()
+    try:
+        runtime.start()
+    except Exception as exc:
+        # Celery only logs exceptions raised by signal handlers; a worker that cannot run
+        # rollouts must exit instead of consuming them.
+        raise SystemExit(f"the worker cannot start: {type(exc).__name__}: {exc}") from exc
     _runtime = runtime
     logger.info(
         "worker %s serving agent %r (%d slots)", runtime.owner, agent_loop.name, concurrency

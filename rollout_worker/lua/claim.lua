@@ -23,7 +23,7 @@ local phase = 'running'
 if status == 'delivering' then
   phase = 'delivering'
 end
-redis.call('HSET', KEYS[1], 'status', phase, 'owner', ARGV[1], 'claimed_at', now)
+redis.call('HSET', KEYS[1], 'status', phase, 'owner', ARGV[1], 'worker', ARGV[1], 'claimed_at', now)
 redis.call('HSETNX', KEYS[1], 'started_at', now)
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), KEYS[1])
 local verdict = phase

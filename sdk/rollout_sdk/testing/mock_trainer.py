@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from rollout_sdk.core.schemas import CompletionsRequest, MessageDict, RolloutResponse
@@ -66,11 +66,16 @@ class RolloutCompletionTracker:
 
 
 class Fault(BaseModel):
-    """Misbehave on the next ``times`` matching calls (``None``: forever)."""
+    """Misbehave on the next ``times`` matching calls (``None``: forever).
+
+    ``delay_s`` stalls the answer; ``status`` replaces it with an error (or a bare 2xx);
+    ``omit`` drops optional top-level fields from an otherwise normal chat answer.
+    """
 
     target: Target
     status: int | None = None
     delay_s: float = Field(0.0, ge=0)
+    omit: list[str] = Field(default_factory=list)
     times: int | None = Field(1, ge=1)
     rollout_id: str | None = None
 
@@ -112,31 +117,34 @@ class MockTrainGate:
                 return fault
         return None
 
-    async def misbehave(self, target: Target, rollout_id: str | None) -> JSONResponse | None:
-        """Apply the next matching fault: a delay, and/or an error status."""
+    async def misbehave(self, target: Target, rollout_id: str | None) -> Fault | Response | None:
+        """Apply the next matching fault: stall, then answer with its status if it has one."""
         fault = self.take_fault(target, rollout_id)
         if fault is None:
             return None
         if fault.delay_s:
             await asyncio.sleep(fault.delay_s)
         if fault.status is None:
-            return None
+            return fault
+        if 200 <= fault.status < 300:
+            return Response(status_code=fault.status)
         return JSONResponse(status_code=fault.status, content={"detail": "injected fault"})
 
-    def record(
-        self, target: Target, rollout_id: str | None, request: Request, body: Any, status: int
-    ) -> None:
+    def arrive(
+        self, target: Target, rollout_id: str | None, request: Request, body: Any
+    ) -> RecordedCall:
+        """Note a call as it arrives (its status is filled in when it is answered)."""
+        call = RecordedCall(
+            target=target,
+            rollout_id=rollout_id,
+            headers=dict(request.headers),
+            body=body,
+            at=time.time(),
+            status=0,
+        )
         if self.record_calls:
-            self.calls.append(
-                RecordedCall(
-                    target=target,
-                    rollout_id=rollout_id,
-                    headers=dict(request.headers),
-                    body=body,
-                    at=time.time(),
-                    status=status,
-                )
-            )
+            self.calls.append(call)
+        return call
 
     def deliver(self, payload: dict[str, Any]) -> None:
         self.latest[payload["rollout_id"]] = payload
@@ -189,33 +197,39 @@ def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         raw, rollout_id = await _json_body(request)
-        faulty = await gate.misbehave("chat", rollout_id)
-        if faulty is not None:
-            gate.record("chat", rollout_id, request, raw, faulty.status_code)
-            return faulty
+        call = gate.arrive("chat", rollout_id, request, raw)
+        fault = await gate.misbehave("chat", rollout_id)
+        if isinstance(fault, Response):
+            call.status = fault.status_code
+            return fault
         try:
             body = CompletionsRequest.model_validate(raw)
         except ValidationError as exc:
-            gate.record("chat", rollout_id, request, raw, 422)
+            call.status = 422
             raise HTTPException(status_code=422, detail=exc.errors(include_url=False)) from exc
         if gate.latency_s:
             await asyncio.sleep(gate.latency_s)
-        gate.record("chat", rollout_id, request, raw, 200)
-        return _completion_body(body, gate.responder)
+        call.status = 200
+        answer = _completion_body(body, gate.responder)
+        for name in fault.omit if fault is not None else []:
+            answer.pop(name, None)
+            answer["choices"][0].pop(name, None)
+        return answer
 
     @app.post("/v1/rollout/completed")
     async def rollout_completed(request: Request) -> Any:
         raw, rollout_id = await _json_body(request)
-        faulty = await gate.misbehave("completed", rollout_id)
-        if faulty is not None:
-            gate.record("completed", rollout_id, request, raw, faulty.status_code)
-            return faulty
+        call = gate.arrive("completed", rollout_id, request, raw)
+        fault = await gate.misbehave("completed", rollout_id)
+        if isinstance(fault, Response):
+            call.status = fault.status_code
+            return fault
         try:
             payload = RolloutResponse.model_validate(raw).model_dump(mode="json", exclude_none=True)
         except ValidationError as exc:
-            gate.record("completed", rollout_id, request, raw, 422)
+            call.status = 422
             raise HTTPException(status_code=422, detail=exc.errors(include_url=False)) from exc
-        gate.record("completed", rollout_id, request, raw, 200)
+        call.status = 200
         gate.deliver(payload)
         return {"status": "ok"}
 

@@ -1,0 +1,104 @@
+"""Fixtures that run real parts: a redis-server, a mock TrainGate process, and fleets of
+gateway + Celery worker processes, each fleet in its own Redis database."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from rollout_fleet.local import LocalFleet, fleet_command
+from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
+from rollout_fleet.redis_server import RedisServer
+from tests.harness import SCRIPTED_AGENT, FleetUnderTest, MockTrainGateClient
+
+# Fast knobs so retries, leases and recovery play out in seconds, not minutes.
+TEST_ENV = {
+    "OSMOSIS_ROLLOUT_CLIENT_RETRY_BASE_DELAY": "0.2",
+    "OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY": "1",
+    "OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS": "2",
+    "ROLLOUT_FLEET_LEASE_SECONDS": "3",
+    "ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS": "1",
+    "ROLLOUT_FLEET_GET_TOOLS_TIMEOUT_SECONDS": "2",
+}
+
+_databases = itertools.count(1)
+
+StartFleet = Callable[..., FleetUnderTest]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer(databases=1024).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def mock_trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockTrainGateClient]:
+    port = free_port()
+    process = ManagedProcess(
+        "mock-trainer",
+        fleet_command("mock-trainer", "--port", str(port), "--responder", "calculator"),
+        dict(os.environ),
+        tmp_path_factory.mktemp("mock-trainer") / "mock-trainer.log",
+    ).start()
+    wait_until(lambda: port_open(port), 30, "the mock TrainGate")
+    client = MockTrainGateClient(f"http://127.0.0.1:{port}")
+    yield client
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def start_fleet(
+    redis_server: RedisServer,
+    mock_trainer: MockTrainGateClient,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[StartFleet]:
+    """Start a fleet (gateway + workers) on a fresh Redis database; stopped at session end
+    unless the caller closes it sooner."""
+    started: list[FleetUnderTest] = []
+
+    def start(
+        agent: str = SCRIPTED_AGENT,
+        *,
+        workers: int = 2,
+        concurrency: int = 20,
+        env: dict[str, str] | None = None,
+        **options: Any,
+    ) -> FleetUnderTest:
+        fleet = LocalFleet(
+            agent=agent,
+            redis_url=redis_server.url_for(next(_databases)),
+            workers=workers,
+            concurrency=concurrency,
+            env={**TEST_ENV, **(env or {})},
+            log_dir=tmp_path_factory.mktemp("fleet"),
+            **options,
+        )
+        handle = FleetUnderTest(fleet, mock_trainer)
+        started.append(handle)
+        fleet.start()
+        return handle
+
+    yield start
+    for handle in started:
+        handle.close()
+
+
+def module_fleet(*args: Any, **options: Any) -> Any:
+    """A module-scoped fixture running one fleet with these options for the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def fixture(start_fleet: StartFleet) -> Iterator[FleetUnderTest]:
+        handle = start_fleet(*args, **options)
+        yield handle
+        handle.close()
+
+    return fixture
+
+
+fleet = module_fleet()  # the default: the scripted agent, no server key, two workers

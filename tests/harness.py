@@ -1,0 +1,137 @@
+"""Helpers for tests that drive a real fleet: request bodies, the mock TrainGate's admin API,
+and a handle on a running fleet (its gateway, its Redis database, its process logs)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from rollout_fleet.local import LocalFleet
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTED_AGENT = f"{REPO / 'tests/agents/scripted_v1.py'}:agent_loop"
+CALCULATOR_AGENT = f"{REPO / 'examples/calculator/server.py'}:agent_loop"
+CALCULATOR_DATASET = REPO / "examples/calculator/test_data.jsonl"
+
+
+def new_id(prefix: str = "r") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def v1_body(server_url: str, rollout_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    """A minimal valid ``POST /v1/rollout/init`` body, plus any overrides."""
+    body: dict[str, Any] = {
+        "rollout_id": new_id() if rollout_id is None else rollout_id,
+        "server_url": server_url,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "completion_params": {},
+    }
+    body.update(fields)
+    return body
+
+
+def script(*steps: dict[str, Any], **metadata: Any) -> dict[str, Any]:
+    """``metadata`` for the scripted agent."""
+    return {"script": list(steps), **metadata}
+
+
+@dataclass
+class MockTrainGateClient:
+    """Drives a mock TrainGate process through its ``/mock`` admin API."""
+
+    url: str
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10))
+
+    def add_faults(self, *faults: dict[str, Any]) -> None:
+        self.http.post(f"{self.url}/mock/faults", json=list(faults)).raise_for_status()
+
+    def configure(self, **config: Any) -> None:
+        self.http.post(f"{self.url}/mock/config", json=config).raise_for_status()
+
+    def calls(self, path: str | None = None, rollout_id: str | None = None) -> list[dict[str, Any]]:
+        params = {k: v for k, v in (("path", path), ("rollout_id", rollout_id)) if v}
+        response = self.http.get(f"{self.url}/mock/calls", params=params)
+        response.raise_for_status()
+        calls: list[dict[str, Any]] = response.json()
+        return calls
+
+    def deliveries(self) -> dict[str, list[dict[str, Any]]]:
+        response = self.http.get(f"{self.url}/mock/deliveries")
+        response.raise_for_status()
+        deliveries: dict[str, list[dict[str, Any]]] = response.json()
+        return deliveries
+
+    def reset(self) -> None:
+        self.http.post(f"{self.url}/mock/reset").raise_for_status()
+
+
+@dataclass
+class FleetUnderTest:
+    """A started :class:`LocalFleet` plus the clients a test needs to observe it."""
+
+    fleet: LocalFleet
+    trainer: MockTrainGateClient
+    redis: redis.Redis = field(init=False)
+    http: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.redis = redis.Redis.from_url(self.fleet.redis_url, decode_responses=True)
+        self.http = httpx.Client(base_url=self.fleet.gateway_url, timeout=30)
+
+    @property
+    def prefix(self) -> str:
+        return self.fleet.key_prefix
+
+    def body(self, rollout_id: str | None = None, **fields: Any) -> dict[str, Any]:
+        return v1_body(fields.pop("server_url", self.trainer.url), rollout_id, **fields)
+
+    def init(self, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
+        return self.http.post("/v1/rollout/init", json=body, **kwargs)
+
+    def record_key(self, key: str) -> str:
+        return f"{self.prefix}:v1:{key}"
+
+    def record(self, key: str) -> dict[str, str]:
+        return self.redis.hgetall(self.record_key(key))  # type: ignore[return-value]
+
+    def wait_delivered(
+        self, rollout_ids: list[str] | set[str], timeout: float = 60
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Wait until every id has at least one completion callback; return all deliveries."""
+        wanted = set(rollout_ids)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            deliveries = self.trainer.deliveries()
+            if wanted <= deliveries.keys():
+                return deliveries
+            time.sleep(0.1)
+        missing = wanted - self.trainer.deliveries().keys()
+        raise AssertionError(
+            f"{len(missing)} rollouts never delivered (e.g. {sorted(missing)[:3]})\n{self.logs()}"
+        )
+
+    def wait_status(self, key: str, statuses: set[str], timeout: float = 30) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = self.record(key)
+            if record.get("status") in statuses:
+                return record
+            time.sleep(0.05)
+        raise AssertionError(f"{key} never reached {statuses}: {self.record(key)}\n{self.logs()}")
+
+    def logs(self, tail: int = 3000) -> str:
+        return "\n".join(
+            f"--- {name} ---\n{process.output()[-tail:]}"
+            for name, process in self.fleet.processes.items()
+        )
+
+    def close(self) -> None:
+        self.fleet.stop()
+        self.http.close()
+        self.redis.close()

@@ -1,0 +1,111 @@
+"""Issue acceptance: bad input gets a clear 4xx (or the spec's 5xx for a failing get_tools)
+and leaves no record behind; an unavailable store is a 503, never a 500."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from rollout_fleet.redis_server import RedisServer
+from tests.conftest import TEST_ENV, StartFleet
+from tests.harness import SCRIPTED_AGENT, FleetUnderTest, MockTrainGateClient
+
+
+def no_record(fleet: FleetUnderTest, key: str) -> bool:
+    return fleet.redis.exists(fleet.record_key(key)) == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type"),
+    [
+        (b'{"rollout_id": "x", "server_url": ', "application/json"),
+        (b"[1, 2, 3]", "application/json"),
+        (b"\xff\xfe not utf-8", "application/json"),
+        (b'"just a string"', "application/json"),
+        (b"rollout_id=x", "application/x-www-form-urlencoded"),
+        (b"", "application/json"),
+    ],
+)
+def test_malformed_bodies_are_422(fleet: FleetUnderTest, content: bytes, content_type: str) -> None:
+    response = fleet.http.post(
+        "/v1/rollout/init", content=content, headers={"Content-Type": content_type}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"]
+
+
+def test_get_tools_that_hangs_is_a_clear_500_and_leaves_nothing(fleet: FleetUnderTest) -> None:
+    body = fleet.body(metadata={"get_tools": "hang", "hang_s": 5})
+    response = fleet.init(body)
+    assert response.status_code == 500
+    assert response.json() == {"detail": "get_tools() did not return within 2s"}
+    assert no_record(fleet, body["rollout_id"])
+    body["metadata"] = {}
+    assert fleet.init(body).status_code == 202
+    fleet.wait_delivered([body["rollout_id"]])
+
+
+def test_get_tools_returning_an_invalid_tool_is_a_clear_500(fleet: FleetUnderTest) -> None:
+    body = fleet.body(metadata={"get_tools": "invalid"})
+    response = fleet.init(body)
+    assert response.status_code == 500
+    assert "invalid tool list" in response.json()["detail"]
+    assert "name" in response.json()["detail"]
+    assert no_record(fleet, body["rollout_id"])
+
+
+def test_error_messages_never_echo_the_trainer_key(fleet: FleetUnderTest) -> None:
+    body = fleet.body(api_key="sk-live-SECRET", metadata={"get_tools": "raise"})
+    body["rollout_id"] = "leaks-sk-live-SECRET"
+    response = fleet.init(body)
+    assert response.status_code == 500
+    assert "sk-live-SECRET" not in response.text
+    assert "***" in response.text
+
+
+def test_the_sealed_trainer_key_is_not_in_the_record(fleet: FleetUnderTest) -> None:
+    body = fleet.body(
+        api_key="sk-live-PLANTED", metadata={"script": [{"sleep": 1}, {"complete": {}}]}
+    )
+    assert fleet.init(body).status_code == 202
+    record = fleet.record(body["rollout_id"])
+    assert "sk-live-PLANTED" not in str(record)
+    assert record["secret"]  # sealed, present while the rollout runs
+    fleet.wait_status(body["rollout_id"], {"success"})
+    assert "secret" not in fleet.record(body["rollout_id"])
+
+
+@pytest.fixture
+def doomed_store(
+    start_fleet: StartFleet,
+    tmp_path_factory: pytest.TempPathFactory,
+    mock_trainer: MockTrainGateClient,
+) -> Iterator[tuple[FleetUnderTest, RedisServer]]:
+    from rollout_fleet.local import LocalFleet
+
+    server = RedisServer().start()
+    fleet = LocalFleet(
+        SCRIPTED_AGENT,
+        server.url,
+        workers=1,
+        env=TEST_ENV,
+        log_dir=tmp_path_factory.mktemp("doomed"),
+    )
+    handle = FleetUnderTest(fleet, mock_trainer)
+    fleet.start()
+    yield handle, server
+    handle.close()
+    server.stop()
+
+
+def test_an_unreachable_store_is_503_with_retry_after(
+    doomed_store: tuple[FleetUnderTest, RedisServer],
+) -> None:
+    fleet, server = doomed_store
+    server.stop()
+    response = fleet.init(fleet.body())
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "5"
+    assert "rollout store unavailable" in response.json()["detail"]
+    assert fleet.http.get("/health").status_code == 503

@@ -1,0 +1,69 @@
+"""Contract: the task messages our Lua scripts enqueue are the ones Celery itself would.
+
+If a Celery/kombu upgrade changes the protocol-2 message or kombu's Redis envelope, this
+fails before any rollout is lost to an unreadable message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import redis
+from celery import Celery
+
+from rollout_fleet.redis_server import RedisServer
+from rollout_worker.envelope import TASK_NAME, task_id_for, task_message
+
+# Per-message values, plus two properties send_task adds only because it copies its
+# unknown keyword options into the properties (the headers carry the same values).
+VOLATILE = {
+    ("properties", "delivery_tag"),
+    ("properties", "reply_to"),
+    ("headers", "origin"),
+    ("properties", "argsrepr"),
+    ("properties", "kwargsrepr"),
+}
+
+
+def _stable(message: dict[str, object]) -> dict[str, object]:
+    return {
+        section: (
+            {k: v for k, v in value.items() if (section, k) not in VOLATILE}
+            if isinstance(value, dict)
+            else value
+        )
+        for section, value in message.items()
+    }
+
+
+def test_our_envelope_matches_what_send_task_publishes(redis_server: RedisServer) -> None:
+    url = redis_server.url_for(1000)
+    app = Celery("contract", broker=url)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    record = "rf:v1:rollout-42"
+    app.send_task(
+        TASK_NAME,
+        args=(record,),
+        task_id=task_id_for(record),
+        queue="contract-q",
+        argsrepr=repr("rollout-42"),
+        kwargsrepr="{}",
+        ignore_result=True,
+    )
+    client = redis.Redis.from_url(url)
+    try:
+        published = json.loads(client.lpop("contract-q"))  # type: ignore[arg-type]
+    finally:
+        client.flushdb()
+        client.close()
+    ours = json.loads(task_message(app, record, "rollout-42", "contract-q"))
+    assert _stable(ours) == _stable(published)
+    assert json.loads(base64.b64decode(ours["body"]))[0] == [record]
+    assert ours["properties"]["delivery_tag"] != published["properties"]["delivery_tag"]
+
+
+def test_task_ids_are_stable_and_url_safe() -> None:
+    assert task_id_for("rf:v1:a/b c") == task_id_for("rf:v1:a/b c")
+    assert task_id_for("rf:v1:a") != task_id_for("rf:v1:b")
+    assert all(c in "0123456789abcdef-" for c in task_id_for("rf:v1:a/b c"))

@@ -1,0 +1,29 @@
+"""The README stays true: its configuration table covers every fleet setting, and it keeps
+exactly two quick-start commands (the `up` one is run by tests/integration/test_up_command)."""
+
+from __future__ import annotations
+
+import re
+
+from rollout_worker.settings import FleetSettings
+from tests.harness import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def quick_start_commands() -> list[str]:
+    section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.+?)\n```", section)
+
+
+def test_two_quick_start_commands() -> None:
+    assert quick_start_commands() == [
+        quick_start_commands()[0],
+        "uv run pytest",
+    ]
+    assert quick_start_commands()[0].startswith("uv run rollout-fleet up ")
+
+
+def test_every_fleet_setting_is_documented() -> None:
+    for name in FleetSettings.model_fields:
+        assert f"ROLLOUT_FLEET_{name.upper()}" in README, name
