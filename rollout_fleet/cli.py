@@ -15,10 +15,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
-from rollout_sdk.cli import mock_trainer
 
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
+from rollout_sdk.cli import mock_trainer
 
 app = typer.Typer(
     name="rollout-fleet",

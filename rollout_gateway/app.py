@@ -10,48 +10,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Annotated
 
-from celery import Celery
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rollout_sdk.config import get_settings
-from rollout_sdk.core.base import RolloutAgentLoop
-from rollout_sdk.loader import load_agent_loop
 
+from rollout_gateway import v1
+from rollout_gateway.state import Gateway
+from rollout_sdk.config import get_settings
+from rollout_sdk.loader import load_agent_loop
 from rollout_worker import celery_app
 from rollout_worker.records import RecordStore
-from rollout_worker.secrets import SecretBox, load_secret_box
+from rollout_worker.secrets import load_secret_box
 from rollout_worker.settings import FleetSettings
-
-
-@dataclass(frozen=True)
-class Gateway:
-    """What a request handler needs; built once per gateway process."""
-
-    settings: FleetSettings
-    celery: Celery
-    agent_loop: RolloutAgentLoop
-    store: RecordStore
-    box: SecretBox
-    tools_pool: ThreadPoolExecutor
-
-    @property
-    def api_key(self) -> str | None:
-        key = self.settings.api_key
-        return key.get_secret_value() if key is not None else None
-
-
-def _gateway(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
-
-
-GatewayDep = Annotated[Gateway, Depends(_gateway)]
 
 
 async def _store_unavailable(_: Request, exc: Exception) -> JSONResponse:
@@ -64,8 +37,6 @@ async def _store_unavailable(_: Request, exc: Exception) -> JSONResponse:
 
 def create_app(settings: FleetSettings | None = None) -> FastAPI:
     """Build a gateway for the configured agent (fails fast if the agent cannot load)."""
-    from rollout_gateway import v1
-
     settings = settings or celery_app.settings
     get_settings()  # a bad OSMOSIS_ROLLOUT_* value fails here, at startup
     if not settings.agent:
@@ -97,4 +68,4 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     return app
 
 
-__all__ = ["Gateway", "GatewayDep", "create_app"]
+__all__ = ["create_app"]

@@ -17,11 +17,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException
 from fastapi.responses import Response
+
+from rollout_gateway.state import Gateway, GatewayDep
 from rollout_sdk.core.schemas import HealthResponse, InitResponse, RolloutRequest
 from rollout_sdk.runner import PreparedRollout, ToolsError, prepare_rollout
 from rollout_sdk.server.http import INVALID_KEY_DETAIL, require_platform_key, require_v1_key
-
-from rollout_gateway.app import Gateway, GatewayDep
 from rollout_worker import v1
 from rollout_worker.envelope import task_message
 from rollout_worker.secrets import redact

@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 import httpx
 from celery import Celery
 from redis.asyncio import Redis
+
 from rollout_sdk.client import new_http_client
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
-
 from rollout_worker import v1
 from rollout_worker.execution import Executor
 from rollout_worker.loop import LoopThread

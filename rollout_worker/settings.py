@@ -12,6 +12,7 @@ from functools import cached_property
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from rollout_sdk.config import get_settings
 
 

@@ -12,8 +12,8 @@ import logging
 from typing import Any
 
 from celery import signals
-from rollout_sdk.loader import AgentLoadError, load_agent_loop
 
+from rollout_sdk.loader import AgentLoadError, load_agent_loop
 from rollout_worker.celery_app import app, settings
 from rollout_worker.envelope import TASK_NAME
 from rollout_worker.runtime import WorkerRuntime

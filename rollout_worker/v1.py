@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
+
 from rollout_sdk.client import OsmosisLLMClient
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import OsmosisRolloutError
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
 from rollout_sdk.runner import error_response, run_agent_loop
-
 from rollout_worker.execution import Lease
 from rollout_worker.records import Claim, Status, Verdict
 from rollout_worker.secrets import SecretBox, redact

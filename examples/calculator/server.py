@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 
 from rewards import compute_reward
+from tools import CALCULATOR_TOOL_SCHEMAS, execute_tool
+
 from rollout_sdk import RolloutAgentLoop, RolloutContext, RolloutRequest, RolloutResult
 from rollout_sdk.tools import execute_tool_calls
-from tools import CALCULATOR_TOOL_SCHEMAS, execute_tool
 
 
 def last_assistant_text(messages: list[dict]) -> str:

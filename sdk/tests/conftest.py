@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+
 from rollout_sdk.config import reset_settings
 from rollout_sdk.testing import calculator_responder, create_mock_trainer_app
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from rollout_sdk import (
     RolloutAgentLoop,
     RolloutContext,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from rollout_sdk.server.api_key import API_KEY_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]

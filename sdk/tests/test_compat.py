@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+
 import rollout_sdk
 from rollout_sdk.compat import (
     ALIAS_ENV,
@@ -38,6 +39,7 @@ def test_upstream_imports_give_the_same_objects() -> None:
     from osmosis_ai.rollout import RolloutAgentLoop, create_app
     from osmosis_ai.rollout.core.schemas import OpenAIFunctionToolSchema
     from osmosis_ai.rollout.tools import get_tool_call_info
+
     from rollout_sdk.core.schemas import OpenAIFunctionToolSchema as Ours
     from rollout_sdk.server.app import create_app as our_create_app
 

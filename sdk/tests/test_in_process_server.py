@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from rollout_sdk import RolloutAgentLoop, RolloutContext, RolloutRequest, RolloutResult, create_app
 
 Serve = Callable[[Any], str]  # the `serve` fixture: ASGI app -> base URL

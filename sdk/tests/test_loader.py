@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from rollout_sdk import RolloutAgentLoop
 from rollout_sdk.loader import AgentLoadError, load_agent_loop, split_reference
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from rollout_sdk.testing import (
     RolloutCompletionTracker,
     create_mock_trainer_app,

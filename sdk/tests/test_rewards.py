@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import pytest
+
 from rollout_sdk import osmosis_reward
 
 

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+
 from rollout_sdk.core.exceptions import ToolArgumentError
 from rollout_sdk.tools import (
     create_tool_error_result,

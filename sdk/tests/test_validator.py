@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from rollout_sdk import RolloutAgentLoop, RolloutContext, RolloutRequest, RolloutResult
 from rollout_sdk.validator import AgentLoopValidationError, ValidationError, validate_agent_loop
 

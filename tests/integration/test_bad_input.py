@@ -109,3 +109,15 @@ def test_an_unreachable_store_is_503_with_retry_after(
     assert response.headers["Retry-After"] == "5"
     assert "rollout store unavailable" in response.json()["detail"]
     assert fleet.http.get("/health").status_code == 503
+
+
+def test_a_gateway_dying_mid_admission_does_not_block_the_key(fleet: FleetUnderTest) -> None:
+    """A crashed admission leaves a pending record; once it lapses a retry is admitted."""
+    body = fleet.body()
+    record = fleet.record_key(body["rollout_id"])
+    fleet.redis.hset(record, mapping={"status": "admitting", "admit_token": "crashed-gateway"})
+    fleet.redis.pexpire(record, 1000)
+    response = fleet.init(body)
+    assert response.status_code == 202
+    assert response.json()["rollout_id"] == body["rollout_id"]
+    assert len(fleet.wait_delivered([body["rollout_id"]])[body["rollout_id"]]) == 1

@@ -8,7 +8,14 @@ import time
 from tests.conftest import module_fleet
 from tests.harness import CALCULATOR_AGENT, FleetUnderTest, new_id
 
-crashy = module_fleet(CALCULATOR_AGENT, workers=2, concurrency=50)
+# Production lease and sweep timings (not the fast test ones): recovery must fit in 30 s.
+crashy = module_fleet(
+    CALCULATOR_AGENT,
+    workers=2,
+    concurrency=50,
+    env={"ROLLOUT_FLEET_LEASE_SECONDS": "15", "ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS": "5"},
+)
+RECOVERY_DEADLINE_SECONDS = 30
 
 
 def test_kill_9_of_a_worker_loses_nothing_and_duplicates_nothing(crashy: FleetUnderTest) -> None:

@@ -1,0 +1,43 @@
+"""What every request handler needs, built once per gateway process (``app.state.gateway``)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Annotated
+
+from celery import Celery
+from fastapi import Depends, Request
+
+from rollout_sdk.core.base import RolloutAgentLoop
+from rollout_worker.records import RecordStore
+from rollout_worker.secrets import SecretBox
+from rollout_worker.settings import FleetSettings
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """What a request handler needs; built once per gateway process."""
+
+    settings: FleetSettings
+    celery: Celery
+    agent_loop: RolloutAgentLoop
+    store: RecordStore
+    box: SecretBox
+    tools_pool: ThreadPoolExecutor
+
+    @property
+    def api_key(self) -> str | None:
+        key = self.settings.api_key
+        return key.get_secret_value() if key is not None else None
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+GatewayDep = Annotated[Gateway, Depends(_gateway)]
+
+
+__all__ = ["Gateway", "GatewayDep"]
