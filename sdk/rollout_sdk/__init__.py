@@ -81,9 +81,38 @@ _EXPORTS: dict[str, str] = {
     "list_agent_loops": "rollout_sdk.registry",
     # rewards
     "osmosis_reward": "rollout_sdk.rewards",
+    # v2: workflows, graders, backends (RolloutContext/RolloutStatus above stay the v1 ones
+    # the seed docs import; the v2 ones live in rollout_sdk.context / rollout_sdk.types)
+    "AgentWorkflow": "rollout_sdk.agent_workflow",
+    "Grader": "rollout_sdk.grader",
+    "AgentWorkflowContext": "rollout_sdk.context",
+    "GraderContext": "rollout_sdk.context",
+    "SampleSource": "rollout_sdk.context",
+    "get_rollout_context": "rollout_sdk.context",
+    "AgentWorkflowConfig": "rollout_sdk.types",
+    "AgentWorkflowOutput": "rollout_sdk.types",
+    "BaseConfig": "rollout_sdk.types",
+    "ConcurrencyConfig": "rollout_sdk.types",
+    "GraderConfig": "rollout_sdk.types",
+    "ExecutionOutcome": "rollout_sdk.types",
+    "ExecutionRequest": "rollout_sdk.types",
+    "ExecutionResult": "rollout_sdk.types",
+    "RolloutErrorCategory": "rollout_sdk.types",
+    "RolloutInitRequest": "rollout_sdk.types",
+    "RolloutInitResponse": "rollout_sdk.types",
+    "RolloutResultResponse": "rollout_sdk.types",
+    "RolloutSample": "rollout_sdk.types",
+    "ExecutionBackend": "rollout_sdk.backend",
+    "LocalBackend": "rollout_sdk.backend",
+    "create_rollout_server": "rollout_sdk.server",
+    # seed shape: the Strands integration is also reachable from the top level
+    "OsmosisRolloutModel": "rollout_sdk.integrations.agents.strands",
+    "OsmosisStrandsAgent": "rollout_sdk.integrations.agents.strands",
 }
 
 if TYPE_CHECKING:
+    from rollout_sdk.agent_workflow import AgentWorkflow
+    from rollout_sdk.backend import ExecutionBackend, LocalBackend
     from rollout_sdk.client import CompletionsResult, OsmosisLLMClient
     from rollout_sdk.config import (
         RolloutClientSettings,
@@ -92,6 +121,12 @@ if TYPE_CHECKING:
         configure,
         get_settings,
         reset_settings,
+    )
+    from rollout_sdk.context import (
+        AgentWorkflowContext,
+        GraderContext,
+        SampleSource,
+        get_rollout_context,
     )
     from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext, RolloutResult
     from rollout_sdk.core.exceptions import (
@@ -129,6 +164,8 @@ if TYPE_CHECKING:
         get_max_metadata_size_bytes,
         set_max_metadata_size_bytes,
     )
+    from rollout_sdk.grader import Grader
+    from rollout_sdk.integrations.agents.strands import OsmosisRolloutModel, OsmosisStrandsAgent
     from rollout_sdk.registry import (
         AgentLoopRegistry,
         get_agent_loop,
@@ -140,6 +177,7 @@ if TYPE_CHECKING:
     from rollout_sdk.server import (
         ServeError,
         create_app,
+        create_rollout_server,
         serve_agent_loop,
         validate_and_report,
     )
@@ -150,6 +188,21 @@ if TYPE_CHECKING:
         get_tool_call_info,
         parse_tool_arguments,
         serialize_tool_result,
+    )
+    from rollout_sdk.types import (
+        AgentWorkflowConfig,
+        AgentWorkflowOutput,
+        BaseConfig,
+        ConcurrencyConfig,
+        ExecutionOutcome,
+        ExecutionRequest,
+        ExecutionResult,
+        GraderConfig,
+        RolloutErrorCategory,
+        RolloutInitRequest,
+        RolloutInitResponse,
+        RolloutResultResponse,
+        RolloutSample,
     )
     from rollout_sdk.validator import (
         AgentLoopValidationError,
@@ -177,13 +230,27 @@ __all__ = [
     "AgentLoopNotFoundError",
     "AgentLoopRegistry",
     "AgentLoopValidationError",
+    "AgentWorkflow",
+    "AgentWorkflowConfig",
+    "AgentWorkflowContext",
+    "AgentWorkflowOutput",
+    "BaseConfig",
     "CompletionUsage",
     "CompletionsChoice",
     "CompletionsRequest",
     "CompletionsResponse",
     "CompletionsResult",
+    "ConcurrencyConfig",
+    "ExecutionBackend",
+    "ExecutionOutcome",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Grader",
+    "GraderConfig",
+    "GraderContext",
     "InitResponse",
     "LLMClientProtocol",
+    "LocalBackend",
     "MessageDict",
     "OpenAIFunctionCallSchema",
     "OpenAIFunctionParametersSchema",
@@ -194,20 +261,28 @@ __all__ = [
     "OpenAIFunctionToolSchema",
     "OsmosisLLMClient",
     "OsmosisRolloutError",
+    "OsmosisRolloutModel",
     "OsmosisServerError",
+    "OsmosisStrandsAgent",
     "OsmosisTimeoutError",
     "OsmosisTransportError",
     "OsmosisValidationError",
     "RolloutAgentLoop",
     "RolloutClientSettings",
     "RolloutContext",
+    "RolloutErrorCategory",
+    "RolloutInitRequest",
+    "RolloutInitResponse",
     "RolloutMetrics",
     "RolloutRequest",
     "RolloutResponse",
     "RolloutResult",
+    "RolloutResultResponse",
+    "RolloutSample",
     "RolloutServerSettings",
     "RolloutSettings",
     "RolloutStatus",
+    "SampleSource",
     "SamplingParamsDict",
     "ServeError",
     "ToolArgumentError",
@@ -217,11 +292,13 @@ __all__ = [
     "ValidationResult",
     "configure",
     "create_app",
+    "create_rollout_server",
     "create_tool_error_result",
     "create_tool_result",
     "execute_tool_calls",
     "get_agent_loop",
     "get_max_metadata_size_bytes",
+    "get_rollout_context",
     "get_settings",
     "get_tool_call_info",
     "list_agent_loops",

@@ -10,8 +10,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from rollout_sdk.backend.execution import WorkflowBundle
 from rollout_sdk.compat import install_osmosis_alias
 from rollout_sdk.core.base import RolloutAgentLoop
+from rollout_sdk.discovery import DiscoveryError, bundle_for, discover_workflow
+
+Agent = RolloutAgentLoop | WorkflowBundle
+"""A loaded agent: a v1 agent loop, or a v2 workflow with its grader and configs."""
 
 
 class AgentLoadError(Exception):
@@ -100,6 +105,37 @@ def _discover_agent_loop(module: ModuleType, reference: str) -> RolloutAgentLoop
     return next(iter(found.values()))
 
 
+def _v1_instances(module: ModuleType) -> list[RolloutAgentLoop]:
+    return list(
+        {id(v): v for v in vars(module).values() if isinstance(v, RolloutAgentLoop)}.values()
+    )
+
+
+def load_agent(reference: str) -> Agent:
+    """Resolve a reference to either generation's agent.
+
+    ``file.py:attr`` / ``module:attr`` names the agent loop, workflow class, LocalBackend or
+    rollout-server app; without ``:attr`` the module must hold one agent loop instance, or
+    else define its v2 agent per the discovery rules.
+    """
+    target, attr = split_reference(reference)
+    module = import_agent_module(target)
+    try:
+        if attr is None:
+            loops = _v1_instances(module)
+            return loops[0] if len(loops) == 1 else discover_workflow(module, target)
+        if not hasattr(module, attr):
+            raise AgentLoadError(
+                f"{target!r} has no attribute {attr!r}; available: "
+                f"{', '.join(_public_names(module))}"
+            )
+        value = getattr(module, attr)
+        bundle = bundle_for(value, module, target)
+        return bundle if bundle is not None else _as_agent_loop(value, reference)
+    except DiscoveryError as exc:
+        raise AgentLoadError(str(exc)) from exc
+
+
 def load_agent_loop(reference: str) -> RolloutAgentLoop:
     """Resolve ``module:attr`` (or ``file.py:attr``) to a v1 agent loop instance.
 
@@ -116,4 +152,11 @@ def load_agent_loop(reference: str) -> RolloutAgentLoop:
     return _as_agent_loop(getattr(module, attr), reference)
 
 
-__all__ = ["AgentLoadError", "import_agent_module", "load_agent_loop", "split_reference"]
+__all__ = [
+    "Agent",
+    "AgentLoadError",
+    "import_agent_module",
+    "load_agent",
+    "load_agent_loop",
+    "split_reference",
+]

@@ -1,11 +1,13 @@
-"""v1 rollout servers: :func:`create_app` (in-process) and :func:`serve_agent_loop`.
+"""Rollout servers: v1 :func:`create_app` / :func:`serve_agent_loop`, v2
+:func:`create_rollout_server`.
 
-FastAPI and uvicorn are optional (``rollout-sdk[server]``); they are imported only when
-:func:`create_app` is first used.
+FastAPI and uvicorn are optional (``rollout-sdk[server]``): the servers import them only when
+first used.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from rollout_sdk.server.api_key import API_KEY_PREFIX, generate_api_key, validate_api_key
@@ -16,29 +18,44 @@ from rollout_sdk.server.serve import (
     serve_agent_loop,
     validate_and_report,
 )
+from rollout_sdk.types.protocol import (
+    DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    DEFAULT_RESULT_RETENTION_SEC,
+    DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    POLLING_LEASE_HEADER,
+)
 
 if TYPE_CHECKING:
     from rollout_sdk.server.app import create_app
+    from rollout_sdk.server.rollout_server import create_rollout_server
+
+_NEEDS_FASTAPI = {
+    "create_app": "rollout_sdk.server.app",
+    "create_rollout_server": "rollout_sdk.server.rollout_server",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "create_app":
-        try:
-            from rollout_sdk.server.app import create_app
-        except ImportError as exc:
-            raise ImportError(
-                "create_app needs FastAPI: pip install 'rollout-sdk[server]'"
-            ) from exc
-        return create_app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _NEEDS_FASTAPI.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ImportError(f"{name} needs FastAPI: pip install 'rollout-sdk[server]'") from exc
 
 
 __all__ = [
     "API_KEY_PREFIX",
     "DEFAULT_HOST",
+    "DEFAULT_POLLING_LEASE_TIMEOUT_SEC",
     "DEFAULT_PORT",
+    "DEFAULT_RESULT_RETENTION_SEC",
+    "DEFAULT_RESULT_WAIT_TIMEOUT_SEC",
+    "POLLING_LEASE_HEADER",
     "ServeError",
     "create_app",
+    "create_rollout_server",
     "generate_api_key",
     "serve_agent_loop",
     "validate_and_report",

@@ -4,6 +4,10 @@ Besides the reference routes (``/v1/chat/completions``, ``/v1/rollout/completed`
 small admin API under ``/mock`` so tests in another process can script it and read what it
 saw: every call with its headers and body, and each completion delivery per rollout id.
 
+The v2 side is OpenAI-compatible: ``POST /v1/rollouts/{rollout_id}/chat/completions`` answers
+JSON, or SSE chunks when the body asks for ``"stream": true`` (point a rollout's
+``chat_completions_url`` at ``{mock}/v1/rollouts/{rollout_id}``).
+
     POST /mock/faults   [{"target": "chat", "status": 503, "times": 3}, ...]
     POST /mock/config   {"latency_s": 0.1, "responder": "calculator"}
     GET  /mock/calls    ?path=chat|completed&rollout_id=...
@@ -14,6 +18,7 @@ saw: every call with its headers and body, and each completion delivery per roll
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import defaultdict
@@ -21,12 +26,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from rollout_sdk.core.schemas import CompletionsRequest, MessageDict, RolloutResponse
 from rollout_sdk.testing.responders import (
     RESPONDERS,
+    AssistantTurn,
     Responder,
     ToolCallGenerator,
     keyword_responder,
@@ -87,6 +93,7 @@ class MockConfig(BaseModel):
 
 class RecordedCall(BaseModel):
     target: Target
+    path: str
     rollout_id: str | None
     headers: dict[str, str]
     body: Any
@@ -136,6 +143,7 @@ class MockTrainGate:
         """Note a call as it arrives (its status is filled in when it is answered)."""
         call = RecordedCall(
             target=target,
+            path=request.url.path,
             rollout_id=rollout_id,
             headers=dict(request.headers),
             body=body,
@@ -183,6 +191,58 @@ def _completion_body(request: CompletionsRequest, responder: Responder) -> dict[
     }
 
 
+def _openai_completion(
+    rollout_id: str, raw: dict[str, Any], turn: AssistantTurn, usage: dict[str, int]
+) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{rollout_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": raw.get("model") or "mock",
+        "choices": [{"index": 0, "message": turn.message(), "finish_reason": turn.finish_reason}],
+        "usage": usage,
+    }
+
+
+def _sse(chunk: dict[str, Any] | str) -> str:
+    return f"data: {chunk if isinstance(chunk, str) else json.dumps(chunk)}\n\n"
+
+
+def _openai_chunks(
+    rollout_id: str, raw: dict[str, Any], turn: AssistantTurn, usage: dict[str, int]
+) -> list[str]:
+    """The same turn as ``chat.completion.chunk`` SSE events, ending with ``[DONE]``."""
+    base = {
+        "id": f"chatcmpl-{rollout_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": raw.get("model") or "mock",
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    events = [chunk({"role": "assistant", "content": turn.content or ""})]
+    events += [
+        chunk({"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(turn.tool_calls)
+    ]
+    events.append(chunk({}, turn.finish_reason))
+    if (raw.get("stream_options") or {}).get("include_usage"):
+        events.append(_sse({**base, "choices": [], "usage": usage}))
+    events.append(_sse("[DONE]"))
+    return events
+
+
+def _usage(messages: list[Any], turn: AssistantTurn) -> dict[str, int]:
+    prompt = len(fake_prompt_token_ids(messages))
+    completion = len(fake_token_ids(turn.content or ""))
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
 async def _json_body(request: Request) -> tuple[Any, str | None]:
     """The raw JSON body and the rollout id it names (if any)."""
     try:
@@ -215,6 +275,28 @@ def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
             answer.pop(name, None)
             answer["choices"][0].pop(name, None)
         return answer
+
+    @app.post("/v1/rollouts/{rollout_id}/chat/completions")
+    async def openai_chat_completions(rollout_id: str, request: Request) -> Any:
+        raw, _ = await _json_body(request)
+        call = gate.arrive("chat", rollout_id, request, raw)
+        fault = await gate.misbehave("chat", rollout_id)
+        if isinstance(fault, Response):
+            call.status = fault.status_code
+            return fault
+        if not isinstance(raw, dict) or not isinstance(raw.get("messages"), list):
+            call.status = 400
+            raise HTTPException(status_code=400, detail="invalid body")
+        if gate.latency_s:
+            await asyncio.sleep(gate.latency_s)
+        call.status = 200
+        turn = gate.responder(raw["messages"])
+        usage = _usage(raw["messages"], turn)
+        if raw.get("stream"):
+            return StreamingResponse(
+                iter(_openai_chunks(rollout_id, raw, turn, usage)), media_type="text/event-stream"
+            )
+        return _openai_completion(rollout_id, raw, turn, usage)
 
     @app.post("/v1/rollout/completed")
     async def rollout_completed(request: Request) -> Any:

@@ -35,6 +35,15 @@ class AssistantTurn:
 Responder = Callable[[Sequence[Message]], AssistantTurn]
 
 
+def text_of(content: Any) -> str:
+    """A message's text, whether ``content`` is a string or a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
 def tool_call(call_id: str, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": call_id,
@@ -153,15 +162,17 @@ def _plain(value: float) -> float | int:
 
 def _as_number(message: Message) -> float | None:
     try:
-        return float(message.get("content"))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        return float(text_of(message.get("content")))
+    except ValueError:
         return None
 
 
 def calculator_responder(messages: Sequence[Message]) -> AssistantTurn:
     """Solve the user's arithmetic one tool call per turn, then answer ``#### <result>``."""
-    question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
-    match = _EXPRESSION.search(question) if isinstance(question, str) else None
+    question = next(
+        (text_of(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
+    )
+    match = _EXPRESSION.search(question)
     plan = _plan(match.group(0)) if match else None
     if plan is None:
         return AssistantTurn("OK.")
@@ -190,5 +201,6 @@ __all__ = [
     "Responder",
     "calculator_responder",
     "keyword_responder",
+    "text_of",
     "tool_call",
 ]

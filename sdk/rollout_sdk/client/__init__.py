@@ -1,0 +1,19 @@
+"""Clients: the TrainGate client v1 rollouts use, and the trainer's v2 ``RolloutClient``."""
+
+from rollout_sdk.client.trainer import (
+    RolloutAdmissionTimeoutError,
+    RolloutClient,
+    RolloutHandle,
+    RolloutProtocolError,
+)
+from rollout_sdk.client.traingate import CompletionsResult, OsmosisLLMClient, new_http_client
+
+__all__ = [
+    "CompletionsResult",
+    "OsmosisLLMClient",
+    "RolloutAdmissionTimeoutError",
+    "RolloutClient",
+    "RolloutHandle",
+    "RolloutProtocolError",
+    "new_http_client",
+]

@@ -1,0 +1,1 @@
+"""Agent-framework integrations: Strands Agents and the OpenAI Agents SDK."""

@@ -1,0 +1,1 @@
+"""``osmosis_ai.rollout.integrations.agents``: import ``strands`` or ``openai_agents``."""

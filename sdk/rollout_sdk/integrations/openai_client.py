@@ -1,0 +1,94 @@
+"""The OpenAI-compatible client the integrations use to reach the TrainGate.
+
+One ``AsyncOpenAI`` (one connection pool) per event loop is shared by every rollout on
+that loop; each rollout gets a cheap ``with_options`` view carrying its base URL, its key
+and the ``x-rollout-id`` / ``x-sample-id`` headers. A client must not cross event loops,
+hence one per loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+import httpx
+from openai import AsyncOpenAI
+
+from rollout_sdk.context import RolloutContext
+
+ROLLOUT_MODEL_NAME = "osmosis-rollout"  # a placeholder: the TrainGate serves its policy
+_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+# Stands for "this rollout has no key". Passing it explicitly also keeps a stray
+# OPENAI_API_KEY in the environment from ever reaching the TrainGate.
+NO_KEY = "rollout-sdk:no-key"
+
+
+class TrainGateOpenAI(AsyncOpenAI):
+    """``AsyncOpenAI`` for a TrainGate, which may run without auth: no key, no header."""
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {} if self.api_key == NO_KEY else super().auth_headers
+
+    @property
+    def _bearer_auth(self) -> dict[str, str]:
+        return {} if self.api_key == NO_KEY else super()._bearer_auth
+
+    def _validate_headers(self, headers: Any, custom_headers: Any) -> None:
+        return None  # openai insists on an Authorization header; a keyless TrainGate does not
+
+
+def _new_client() -> AsyncOpenAI:
+    return TrainGateOpenAI(
+        api_key=NO_KEY,
+        base_url="http://unset.invalid",
+        http_client=httpx.AsyncClient(timeout=_TIMEOUT, limits=_LIMITS),
+    )
+
+
+def shared_client() -> AsyncOpenAI:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return _new_client()
+    client = _shared.get(loop)
+    if client is None:
+        client = _shared[loop] = _new_client()
+    return client
+
+
+def rollout_headers(ctx: RolloutContext, sample_id: str | None) -> dict[str, str]:
+    headers = {"x-rollout-id": ctx.rollout_id}
+    if sample_id:
+        headers["x-sample-id"] = sample_id
+    return headers
+
+
+def rollout_client(ctx: RolloutContext, sample_id: str | None = None) -> AsyncOpenAI:
+    """A client bound to this rollout's TrainGate URL, key and attribution headers.
+
+    Without a rollout key no ``Authorization`` header is sent at all (P§2.11).
+    """
+    return shared_client().with_options(
+        base_url=ctx.chat_completions_url,
+        api_key=ctx.api_key or NO_KEY,
+        default_headers=rollout_headers(ctx, sample_id),
+    )
+
+
+__all__ = [
+    "NO_KEY",
+    "ROLLOUT_MODEL_NAME",
+    "TrainGateOpenAI",
+    "rollout_client",
+    "rollout_headers",
+    "shared_client",
+]

@@ -1,0 +1,357 @@
+"""``create_rollout_server``: a v2 rollout server in one process (SDK.md §2.9).
+
+Rollouts run as asyncio tasks on the given backend; results, leases and retention live in
+memory. For local development, and as the fleet's in-process baseline. The fleet gateway
+serves the same routes (``v2_http``) with all state in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+
+from rollout_sdk.backend.base import ExecutionBackend
+from rollout_sdk.backend.errors import categorize_exception
+from rollout_sdk.context import RolloutContext, RolloutProgress
+from rollout_sdk.server.v2_http import (
+    DuplicateRollout,
+    InvalidLease,
+    QueueFull,
+    RolloutService,
+    ServerDraining,
+    UnknownRollout,
+    lease_digest,
+    lease_matches,
+    new_lease_token,
+    require_bearer,
+    v2_router,
+)
+from rollout_sdk.types.protocol import (
+    DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    DEFAULT_RESULT_RETENTION_SEC,
+    DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    CancelRolloutsRequest,
+    DrainResponse,
+    HealthConcurrency,
+    RolloutInitRequest,
+    RolloutInitResponse,
+    RolloutLifecycle,
+    RolloutResultResponse,
+    RolloutServerHealth,
+    wire_result,
+)
+from rollout_sdk.types.sample import (
+    ExecutionRequest,
+    ExecutionResult,
+    RolloutErrorCategory,
+    RolloutStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+INSTANCE_ID_ENV = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
+SHUTDOWN_DRAIN_SEC = 10.0
+SHUTDOWN_CLEANUP_SEC = 120.0
+
+
+def lease_expired_result(rollout_id: str) -> RolloutResultResponse:
+    return RolloutResultResponse(
+        rollout_id=rollout_id,
+        status=RolloutStatus.FAILURE,
+        err_message="polling lease expired",
+        err_category=RolloutErrorCategory.LEASE_EXPIRED,
+    )
+
+
+def cancelled_result(rollout_id: str) -> RolloutResultResponse:
+    return RolloutResultResponse(
+        rollout_id=rollout_id, status=RolloutStatus.CANCELLED, err_message="cancelled"
+    )
+
+
+@dataclass
+class _Entry:
+    rollout_id: str
+    digest: str
+    lease_deadline: float
+    progress: RolloutProgress = field(default_factory=RolloutProgress)
+    result: RolloutResultResponse | None = None
+    task: asyncio.Task[None] | None = None
+    disposition: str | None = None
+
+
+class InProcessRollouts(RolloutService):
+    """Rollouts of one process, on an :class:`ExecutionBackend`."""
+
+    def __init__(
+        self,
+        backend: ExecutionBackend,
+        *,
+        result_wait_timeout_sec: float,
+        polling_lease_timeout_sec: float,
+        result_retention_sec: float,
+    ) -> None:
+        self.backend = backend
+        self.wait_sec = result_wait_timeout_sec
+        self.lease_sec = polling_lease_timeout_sec
+        self.retention_sec = result_retention_sec
+        self.process_id = str(uuid.uuid4())
+        self.instance_id = os.environ.get(INSTANCE_ID_ENV) or self.process_id
+        self.accepting = True
+        self.entries: dict[str, _Entry] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # --- admission and execution --------------------------------------------------------
+
+    async def admit(self, request: RolloutInitRequest) -> RolloutInitResponse:
+        if not self.accepting:
+            raise ServerDraining
+        if not self.backend.has_capacity():
+            raise QueueFull
+        if request.rollout_id in self.entries:
+            raise DuplicateRollout
+        token = new_lease_token()
+        entry = _Entry(request.rollout_id, lease_digest(token), time.monotonic() + self.lease_sec)
+        self.entries[request.rollout_id] = entry
+        entry.task = asyncio.create_task(self._run(request, entry))
+        return RolloutInitResponse(
+            rollout_id=request.rollout_id,
+            status=RolloutStatus.QUEUED,
+            polling_lease_token=token,
+            result_wait_timeout_sec=self.wait_sec,
+            polling_lease_timeout_sec=self.lease_sec,
+        )
+
+    async def _run(self, request: RolloutInitRequest, entry: _Entry) -> None:
+        await entry.progress.set_status(RolloutStatus.RUNNING)
+        ctx = RolloutContext(
+            chat_completions_url=request.chat_completions_url,
+            api_key=request.llm_api_key,
+            rollout_id=request.rollout_id,
+            progress=entry.progress,
+        )
+        execution = ExecutionRequest(
+            id=request.rollout_id,
+            prompt=request.initial_messages,
+            label=request.label,
+            metadata=request.metadata,
+            agent_timeout_sec=request.agent_timeout_sec,
+            grader_timeout_sec=request.grader_timeout_sec,
+            grade=request.grade,
+        )
+        try:
+            with ctx:
+                outcome = await self.backend.execute(execution)
+            response = wire_result(request.rollout_id, outcome.result)
+        except asyncio.CancelledError:
+            await self._finish(entry, cancelled_result(request.rollout_id))
+            raise
+        except Exception as exc:
+            logger.exception("rollout %s crashed", request.rollout_id)
+            response = wire_result(
+                request.rollout_id,
+                ExecutionResult(
+                    status=RolloutStatus.FAILURE,
+                    err_message=str(exc) or "Internal server error",
+                    err_category=categorize_exception(exc),
+                ),
+            )
+        await self._finish(entry, response)
+
+    async def _finish(self, entry: _Entry, response: RolloutResultResponse) -> None:
+        """Publish the result once; a late result after lease expiry is discarded."""
+        if entry.result is not None:
+            return
+        if time.monotonic() > entry.lease_deadline:
+            response = lease_expired_result(entry.rollout_id)
+            self._stop(entry)
+        entry.result = response
+        await entry.progress.set_status(response.status)
+        self._spawn(self._evict_after_retention(entry))
+
+    async def _evict_after_retention(self, entry: _Entry) -> None:
+        await asyncio.sleep(self.retention_sec)
+        if entry.task is not None:
+            await asyncio.wait({entry.task})  # the id stays reserved until execution stopped
+        if self.entries.get(entry.rollout_id) is entry:
+            del self.entries[entry.rollout_id]
+
+    def _stop(self, entry: _Entry) -> str:
+        if entry.disposition is None:
+            queued = entry.progress.status is RolloutStatus.QUEUED
+            entry.disposition = "cancelled_queued" if queued else "cancelled_running"
+        task = entry.task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+        return entry.disposition
+
+    # --- polling ------------------------------------------------------------------------
+
+    def _entry(self, rollout_id: str, token: str) -> _Entry:
+        entry = self.entries.get(rollout_id)
+        if entry is None:
+            raise UnknownRollout
+        if not lease_matches(token, entry.digest):
+            raise InvalidLease
+        return entry
+
+    async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse:
+        entry = self._entry(rollout_id, lease_token)
+        if entry.result is None:
+            if time.monotonic() > entry.lease_deadline:
+                await self._finish(entry, lease_expired_result(rollout_id))
+            else:
+                entry.lease_deadline = time.monotonic() + self.lease_sec
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.wait_sec):
+                        await entry.progress.wait_for_change()
+        entry = self._entry(rollout_id, lease_token)
+        return entry.result or RolloutResultResponse(
+            rollout_id=rollout_id, status=entry.progress.status
+        )
+
+    async def expire_leases_forever(self, interval: float) -> None:
+        """Finish (and stop) rollouts nobody polled in time, without waiting for a poll."""
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for entry in list(self.entries.values()):
+                if entry.result is None and now > entry.lease_deadline:
+                    await self._finish(entry, lease_expired_result(entry.rollout_id))
+
+    # --- cancel, health, drain ----------------------------------------------------------
+
+    async def cancel(self, request: CancelRolloutsRequest) -> dict[str, str]:
+        if request.all:
+            selected = list(self.entries)
+        elif request.prefix is not None:
+            selected = [rid for rid in self.entries if rid.startswith(request.prefix)]
+        else:
+            selected = list(request.ids or [])
+        dispositions = {}
+        for rollout_id in selected:
+            entry = self.entries.get(rollout_id)
+            running = entry is not None and entry.result is None
+            dispositions[rollout_id] = self._stop(entry) if entry and running else "not_found"
+        return dispositions
+
+    def _active(self) -> list[str]:
+        return [e.rollout_id for e in self.entries.values() if e.task and not e.task.done()]
+
+    async def health(self) -> RolloutServerHealth:
+        backend = self.backend.health()
+        concurrency = backend.get("concurrency") or {}
+        return RolloutServerHealth(
+            status=backend.get("status", "ok"),
+            concurrency=HealthConcurrency(
+                max_concurrent=concurrency.get("max_concurrent"),
+                queued=concurrency.get("queued", 0),
+                running=concurrency.get("running", 0),
+            ),
+            instance_id=self.instance_id,
+            process_id=self.process_id,
+            lifecycle=RolloutLifecycle(
+                accepting_rollouts=self.accepting, active_rollouts=len(self._active())
+            ),
+        )
+
+    async def drain(self, timeout_sec: float) -> DrainResponse:
+        self.accepting = False
+        tasks = [e.task for e in self.entries.values() if e.task and not e.task.done()]
+        if tasks and timeout_sec > 0:
+            await asyncio.wait(tasks, timeout=timeout_sec)
+        active = self._active()
+        return DrainResponse(
+            drained=not active,
+            accepting_rollouts=False,
+            active_rollouts=len(active),
+            process_id=self.process_id,
+            rollout_ids=active,
+        )
+
+    async def shutdown(self) -> None:
+        """Stop admitting, let in-flight rollouts finish briefly, cancel the rest (P§2.14)."""
+        await self.drain(SHUTDOWN_DRAIN_SEC)
+        leftovers = [e for e in self.entries.values() if e.task and not e.task.done()]
+        for entry in leftovers:
+            self._stop(entry)
+        tasks = [e.task for e in leftovers if e.task]
+        if tasks:
+            await asyncio.wait(tasks, timeout=SHUTDOWN_CLEANUP_SEC)
+        for task in self._background:
+            task.cancel()
+
+
+def _check_timeouts(wait: float, lease: float, retention: float) -> None:
+    if not (math.isfinite(wait) and wait > 0):
+        raise ValueError("result_wait_timeout_sec must be positive and finite")
+    if not (math.isfinite(lease) and lease > wait):
+        raise ValueError("polling_lease_timeout_sec must be finite and exceed the wait timeout")
+    if not (math.isfinite(retention) and retention >= 0):
+        raise ValueError("result_retention_sec must be finite and not negative")
+
+
+def create_rollout_server(
+    *,
+    backend: ExecutionBackend,
+    lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+    configure_logging: bool = True,
+    result_wait_timeout_sec: float = DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    polling_lease_timeout_sec: float = DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    result_retention_sec: float = DEFAULT_RESULT_RETENTION_SEC,
+    api_key: str | None = None,
+) -> FastAPI:
+    """Serve ``backend`` with the v2 poll/lease protocol from this process."""
+    _check_timeouts(result_wait_timeout_sec, polling_lease_timeout_sec, result_retention_sec)
+    if configure_logging and not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    service = InProcessRollouts(
+        backend,
+        result_wait_timeout_sec=result_wait_timeout_sec,
+        polling_lease_timeout_sec=polling_lease_timeout_sec,
+        result_retention_sec=result_retention_sec,
+    )
+
+    @contextlib.asynccontextmanager
+    async def server_lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if lifespan is not None:
+                await stack.enter_async_context(lifespan(app))
+            sweeper = asyncio.create_task(
+                service.expire_leases_forever(min(1.0, polling_lease_timeout_sec / 4))
+            )
+            try:
+                yield
+            finally:
+                sweeper.cancel()
+                await service.shutdown()
+                await backend.shutdown()
+
+    app = FastAPI(title="Rollout server", lifespan=server_lifespan)
+    app.state.backend = backend
+    app.state.rollouts = service
+    if api_key is not None:
+        require_bearer(app, api_key)
+    app.include_router(v2_router(lambda request: service))
+    return app
+
+
+__all__ = ["InProcessRollouts", "cancelled_result", "create_rollout_server", "lease_expired_result"]

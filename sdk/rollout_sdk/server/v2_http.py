@@ -1,0 +1,178 @@
+"""The v2 (poll/lease) HTTP surface, written once for every server (PROTOCOL.md §2).
+
+The in-process :func:`~rollout_sdk.server.rollout_server.create_rollout_server` and the fleet
+gateway both mount these routes over their own :class:`RolloutService`, so status codes,
+check order and bodies cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Protocol
+
+from fastapi import APIRouter, FastAPI, Header, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+
+from rollout_sdk.types.protocol import (
+    POLLING_LEASE_HEADER,
+    CancelRolloutsRequest,
+    CancelRolloutsResponse,
+    DrainRequest,
+    DrainResponse,
+    RolloutInitRequest,
+    RolloutInitResponse,
+    RolloutResultResponse,
+    RolloutServerHealth,
+)
+
+SHUTTING_DOWN = "rollout server is shutting down"
+QUEUE_FULL = "rollout queue is full; retry later"
+DUPLICATE = "rollout_id is already registered"
+UNKNOWN = "unknown rollout_id"
+BAD_LEASE = "invalid polling lease"
+ONE_SELECTOR = "pass exactly one selector: ids, prefix, or all"
+RETRY_AFTER_SECONDS = 5
+
+
+def new_lease_token() -> str:
+    """32 random bytes, URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def lease_digest(token: str) -> str:
+    """Servers keep only this digest of a lease token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def lease_matches(token: str, digest: str) -> bool:
+    return hmac.compare_digest(lease_digest(token), digest)
+
+
+class ServerDraining(Exception):
+    """Admissions are fenced (503)."""
+
+
+class QueueFull(Exception):
+    """No capacity to queue another rollout (429)."""
+
+
+class DuplicateRollout(Exception):
+    """The id is queued, running, or finished and still retained (409)."""
+
+
+class UnknownRollout(Exception):
+    """Never registered, or evicted after retention (404)."""
+
+
+class InvalidLease(Exception):
+    """The polling lease token does not belong to the rollout (403)."""
+
+
+class RolloutService(Protocol):
+    """What a v2 server does; the HTTP layer maps its exceptions to status codes."""
+
+    async def admit(self, request: RolloutInitRequest) -> RolloutInitResponse: ...
+
+    async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse:
+        """Authenticate, renew the lease, wait for a status change (or the wait timeout)."""
+        ...
+
+    async def cancel(self, request: CancelRolloutsRequest) -> dict[str, str]: ...
+
+    async def health(self) -> RolloutServerHealth: ...
+
+    async def drain(self, timeout_sec: float) -> DrainResponse: ...
+
+
+ServiceGetter = Callable[[Request], RolloutService]
+
+
+def require_bearer(app: FastAPI, api_key: str) -> None:
+    """Every route, unknown paths and docs included, needs exactly ``Bearer <key>``; checked
+    before anything else, body validation included (P§2.2)."""
+    if not api_key.strip():
+        raise ValueError("api_key must be non-empty when provided")
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def authenticate(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return JSONResponse({"detail": "unauthorized"}, status_code=401)
+        return await call_next(request)
+
+
+def v2_router(service: ServiceGetter) -> APIRouter:
+    router = APIRouter(tags=["v2"])
+
+    @router.post(
+        "/rollout",
+        status_code=202,
+        response_model=RolloutInitResponse,
+        responses={409: {}, 429: {}, 503: {}},
+    )
+    async def admit(request: RolloutInitRequest, http: Request) -> RolloutInitResponse:
+        try:
+            return await service(http).admit(request)
+        except ServerDraining as exc:
+            raise HTTPException(503, SHUTTING_DOWN) from exc
+        except QueueFull as exc:
+            raise HTTPException(
+                429, QUEUE_FULL, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+            ) from exc
+        except DuplicateRollout as exc:
+            raise HTTPException(409, DUPLICATE) from exc
+
+    @router.get(
+        "/rollout/{rollout_id}/result",
+        response_model=RolloutResultResponse,
+        response_model_exclude={"sample": {"trajectory_messages", "id"}},
+        responses={403: {}, 404: {}},
+    )
+    async def result(
+        rollout_id: str,
+        http: Request,
+        lease_token: Annotated[str, Header(alias=POLLING_LEASE_HEADER, min_length=1)],
+    ) -> RolloutResultResponse:
+        try:
+            return await service(http).poll(rollout_id, lease_token)
+        except UnknownRollout as exc:
+            raise HTTPException(404, UNKNOWN) from exc
+        except InvalidLease as exc:
+            raise HTTPException(403, BAD_LEASE) from exc
+
+    @router.post("/rollout/cancel", response_model=CancelRolloutsResponse)
+    async def cancel(request: CancelRolloutsRequest, http: Request) -> CancelRolloutsResponse:
+        if request.selector_count != 1:
+            raise HTTPException(422, ONE_SELECTOR)
+        return CancelRolloutsResponse(dispositions=await service(http).cancel(request))
+
+    @router.get("/health", response_model=RolloutServerHealth)
+    async def health(http: Request) -> RolloutServerHealth:
+        return await service(http).health()
+
+    @router.post("/drain", response_model=DrainResponse)
+    async def drain(http: Request, request: DrainRequest | None = None) -> DrainResponse:
+        return await service(http).drain((request or DrainRequest()).timeout_sec)
+
+    return router
+
+
+__all__ = [
+    "DuplicateRollout",
+    "InvalidLease",
+    "QueueFull",
+    "RolloutService",
+    "ServerDraining",
+    "UnknownRollout",
+    "lease_digest",
+    "lease_matches",
+    "new_lease_token",
+    "require_bearer",
+    "v2_router",
+]

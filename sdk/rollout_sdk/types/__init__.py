@@ -1,0 +1,67 @@
+"""v2 types: samples, statuses, configs, workflow outputs, wire models."""
+
+from rollout_sdk.types.config import (
+    AgentWorkflowConfig,
+    BaseConfig,
+    ConcurrencyConfig,
+    GraderConfig,
+)
+from rollout_sdk.types.output import AgentWorkflowOutput, Messages, coerce_output
+from rollout_sdk.types.protocol import (
+    DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    DEFAULT_RESULT_RETENTION_SEC,
+    DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    POLLING_LEASE_HEADER,
+    CancelRolloutsRequest,
+    CancelRolloutsResponse,
+    DrainRequest,
+    DrainResponse,
+    HealthConcurrency,
+    RolloutInitRequest,
+    RolloutInitResponse,
+    RolloutLifecycle,
+    RolloutResultResponse,
+    RolloutServerHealth,
+    wire_result,
+)
+from rollout_sdk.types.sample import (
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
+    MessageDict,
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+)
+
+__all__ = [
+    "DEFAULT_POLLING_LEASE_TIMEOUT_SEC",
+    "DEFAULT_RESULT_RETENTION_SEC",
+    "DEFAULT_RESULT_WAIT_TIMEOUT_SEC",
+    "POLLING_LEASE_HEADER",
+    "AgentWorkflowConfig",
+    "AgentWorkflowOutput",
+    "BaseConfig",
+    "CancelRolloutsRequest",
+    "CancelRolloutsResponse",
+    "ConcurrencyConfig",
+    "DrainRequest",
+    "DrainResponse",
+    "ExecutionOutcome",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "GraderConfig",
+    "HealthConcurrency",
+    "MessageDict",
+    "Messages",
+    "RolloutErrorCategory",
+    "RolloutInitRequest",
+    "RolloutInitResponse",
+    "RolloutLifecycle",
+    "RolloutResultResponse",
+    "RolloutSample",
+    "RolloutServerHealth",
+    "RolloutStatus",
+    "coerce_output",
+    "wire_result",
+]

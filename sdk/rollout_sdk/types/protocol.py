@@ -1,0 +1,206 @@
+"""v2 (poll/lease) wire models (PROTOCOL.md §2)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Self
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from rollout_sdk.types.sample import (
+    ExecutionResult,
+    MessageDict,
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+    _finite_timeout,
+    ensure_single_path_segment,
+)
+
+logger = logging.getLogger(__name__)
+
+POLLING_LEASE_HEADER = "X-Osmosis-Rollout-Lease"
+SAMPLES_EXTRA_FIELD = "osmosis_samples"
+_NOT_ON_THE_WIRE = {"trajectory_messages", "id"}
+DEFAULT_RESULT_WAIT_TIMEOUT_SEC = 30.0
+DEFAULT_POLLING_LEASE_TIMEOUT_SEC = 120.0
+DEFAULT_RESULT_RETENTION_SEC = 900.0
+
+
+class RolloutInitRequest(BaseModel):
+    """Body of ``POST /rollout``. Unknown fields (e.g. v2-cb callback URLs) are ignored."""
+
+    rollout_id: str
+    initial_messages: list[MessageDict]
+    chat_completions_url: str
+    llm_api_key: str | None = Field(default=None, repr=False)
+    label: str | None = None
+    metadata: dict[str, Any] | None = None
+    grade: bool = True
+    agent_timeout_sec: float | None = None
+    grader_timeout_sec: float | None = None
+    extra_fields: dict[str, Any] | None = None
+
+    _check_id = field_validator("rollout_id")(ensure_single_path_segment)
+    _check_timeouts = field_validator("agent_timeout_sec", "grader_timeout_sec")(_finite_timeout)
+
+    @field_validator("llm_api_key")
+    @classmethod
+    def _check_llm_api_key(cls, value: str | None) -> str | None:
+        if value == "":
+            raise ValueError("llm_api_key must be omitted or a non-empty string")
+        return value
+
+
+class RolloutInitResponse(BaseModel):
+    """202 body of ``POST /rollout``."""
+
+    rollout_id: str
+    status: RolloutStatus
+    polling_lease_token: str = Field(min_length=1)
+    result_wait_timeout_sec: float
+    polling_lease_timeout_sec: float
+
+    @model_validator(mode="after")
+    def _check_timeouts(self) -> Self:
+        wait, lease = self.result_wait_timeout_sec, self.polling_lease_timeout_sec
+        if not math.isfinite(wait) or wait <= 0:
+            raise ValueError("result_wait_timeout_sec must be positive and finite")
+        if not math.isfinite(lease) or lease <= wait:
+            raise ValueError("polling_lease_timeout_sec must be finite and exceed the wait")
+        return self
+
+
+class RolloutResultResponse(BaseModel):
+    """Body of ``GET /rollout/{id}/result``: the status, and once finished the outcome."""
+
+    rollout_id: str
+    status: RolloutStatus
+    sample: RolloutSample | None = None
+    err_message: str | None = None
+    err_category: RolloutErrorCategory | None = None
+
+    def wire_json(self) -> str:
+        """All five keys, nulls included; never ``trajectory_messages`` (P§2.4)."""
+        return self.model_dump_json(exclude={"sample": _NOT_ON_THE_WIRE})
+
+
+def _utf8(text: str | None) -> str | None:
+    return text.encode("utf-8", errors="replace").decode() if text is not None else None
+
+
+def _trainable(sample: RolloutSample, succeeded: bool) -> RolloutSample:
+    """A failed or removed sample never carries a trainable reward on the wire (P§2.10)."""
+    if succeeded and not sample.remove_sample:
+        return sample
+    return sample.model_copy(update={"reward": None})
+
+
+def _wire_sample(result: ExecutionResult) -> RolloutSample | None:
+    if result.sample is None:
+        return None
+    succeeded = result.status is RolloutStatus.SUCCESS
+    sample = _trainable(result.sample, succeeded).json_safe_copy()
+    if len(result.samples) > 1:
+        # [decision] seed multi-sample rollouts: none is dropped; all ride in extra_fields.
+        everything = {
+            name: _trainable(s, succeeded)
+            .json_safe_copy()
+            .model_dump(mode="json", exclude=_NOT_ON_THE_WIRE)
+            for name, s in result.samples.items()
+        }
+        sample = sample.model_copy(
+            update={"extra_fields": {**sample.extra_fields, SAMPLES_EXTRA_FIELD: everything}}
+        )
+    try:
+        sample.model_dump_json(exclude=_NOT_ON_THE_WIRE)
+    except (TypeError, ValueError, RecursionError):
+        logger.warning("a sample cannot be encoded; sending its reward only", exc_info=True)
+        sample = RolloutSample(
+            label=_utf8(sample.label),
+            reward=sample.reward,
+            remove_sample=sample.remove_sample,
+            trajectory_messages=None,
+        )
+    return sample
+
+
+def wire_result(rollout_id: str, result: ExecutionResult) -> RolloutResultResponse:
+    """The result a trainer receives for an execution result."""
+    return RolloutResultResponse(
+        rollout_id=rollout_id,
+        status=result.status,
+        sample=_wire_sample(result),
+        err_message=_utf8(result.err_message),
+        err_category=result.err_category,
+    )
+
+
+class CancelRolloutsRequest(BaseModel):
+    """Exactly one selector: ``ids`` (``[]`` counts), ``prefix``, or ``all``."""
+
+    ids: list[str] | None = None
+    prefix: str | None = None
+    all: bool = False
+
+    @property
+    def selector_count(self) -> int:
+        return sum([self.ids is not None, self.prefix is not None, self.all])
+
+
+class CancelRolloutsResponse(BaseModel):
+    dispositions: dict[str, str]
+
+
+class RolloutLifecycle(BaseModel):
+    accepting_rollouts: bool
+    active_rollouts: int = Field(ge=0)
+
+
+class HealthConcurrency(BaseModel):
+    max_concurrent: int | None
+    queued: int
+    running: int
+
+
+class RolloutServerHealth(BaseModel):
+    """Body of v2 ``GET /health``: backend keys plus the server's identity and lifecycle."""
+
+    status: str = "ok"
+    concurrency: HealthConcurrency
+    instance_id: str
+    process_id: str
+    lifecycle: RolloutLifecycle
+
+
+class DrainRequest(BaseModel):
+    timeout_sec: float = Field(30.0, ge=0, allow_inf_nan=False)
+
+
+class DrainResponse(BaseModel):
+    drained: bool
+    accepting_rollouts: bool
+    active_rollouts: int
+    process_id: str
+    rollout_ids: list[str]
+
+
+__all__ = [
+    "DEFAULT_POLLING_LEASE_TIMEOUT_SEC",
+    "DEFAULT_RESULT_RETENTION_SEC",
+    "DEFAULT_RESULT_WAIT_TIMEOUT_SEC",
+    "POLLING_LEASE_HEADER",
+    "SAMPLES_EXTRA_FIELD",
+    "CancelRolloutsRequest",
+    "CancelRolloutsResponse",
+    "DrainRequest",
+    "DrainResponse",
+    "HealthConcurrency",
+    "RolloutInitRequest",
+    "RolloutInitResponse",
+    "RolloutLifecycle",
+    "RolloutResultResponse",
+    "RolloutServerHealth",
+    "wire_result",
+]
