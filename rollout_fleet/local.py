@@ -33,7 +33,8 @@ class LocalFleet:
     redis_url: str
     workers: int = 2
     concurrency: int | None = None
-    gateway_workers: int = 1
+    gateway_workers: int = 1  # processes sharing the gateway port
+    gateways: int = 1  # gateways on ports of their own (gateway_port, then free ports)
     flower: bool = False
     mock_trainer: str | None = None  # a responder name starts a mock TrainGate
     env: dict[str, str] = field(default_factory=dict)
@@ -44,9 +45,19 @@ class LocalFleet:
     flower_auth: str = field(default_factory=lambda: f"admin:{secrets.token_urlsafe(12)}")
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
 
+    extra_gateway_ports: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.extra_gateway_ports = [free_port() for _ in range(self.gateways - 1)]
+
     @property
     def gateway_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def gateway_urls(self) -> list[str]:
+        ports = [self.gateway_port, *self.extra_gateway_ports]
+        return [f"http://127.0.0.1:{port}" for port in ports]
 
     @property
     def flower_url(self) -> str:
@@ -85,11 +96,11 @@ class LocalFleet:
             argv += ["--concurrency", str(self.concurrency)]
         return self._spawn(f"worker-{index}", argv, env or self.process_env())
 
-    def start_gateway(self, env: dict[str, str] | None = None) -> ManagedProcess:
-        argv = fleet_command(
-            "gateway", "--port", str(self.gateway_port), "--workers", str(self.gateway_workers)
-        )
-        return self._spawn("gateway", argv, env or self.process_env())
+    def start_gateway(self, env: dict[str, str] | None = None, index: int = 1) -> ManagedProcess:
+        port = self.gateway_port if index == 1 else self.extra_gateway_ports[index - 2]
+        argv = fleet_command("gateway", "--port", str(port), "--workers", str(self.gateway_workers))
+        name = "gateway" if index == 1 else f"gateway-{index}"
+        return self._spawn(name, argv, env or self.process_env())
 
     def start(self, timeout: float = 60.0) -> LocalFleet:
         env = self.process_env()
@@ -105,13 +116,8 @@ class LocalFleet:
                 ),
                 env,
             )
-        self._spawn(
-            "gateway",
-            fleet_command(
-                "gateway", "--port", str(self.gateway_port), "--workers", str(self.gateway_workers)
-            ),
-            env,
-        )
+        for index in range(1, self.gateways + 1):
+            self.start_gateway(env, index)
         for index in range(1, self.workers + 1):
             self.start_worker(index, env)
         if self.flower:
@@ -133,6 +139,10 @@ class LocalFleet:
         self.wait_ready(timeout)
         return self
 
+    def _auth(self) -> dict[str, str]:
+        key = self.env.get("ROLLOUT_FLEET_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def live_workers(self) -> int:
         client = redis.Redis.from_url(self.redis_url)
         try:
@@ -150,7 +160,10 @@ class LocalFleet:
 
         def gateway_ready() -> bool:
             all_alive()
-            return httpx.get(f"{self.gateway_url}/health", timeout=2).status_code == 200
+            return all(
+                httpx.get(f"{url}/health", headers=self._auth(), timeout=2).status_code == 200
+                for url in self.gateway_urls
+            )
 
         def workers_ready() -> bool:
             all_alive()

@@ -10,6 +10,7 @@ from celery import Celery
 from fastapi import Depends, Request
 
 from rollout_sdk.core.base import RolloutAgentLoop
+from rollout_sdk.loader import Agent
 from rollout_worker.records import RecordStore
 from rollout_worker.secrets import SecretBox
 from rollout_worker.settings import FleetSettings
@@ -21,10 +22,16 @@ class Gateway:
 
     settings: FleetSettings
     celery: Celery
-    agent_loop: RolloutAgentLoop
+    agent: Agent
     store: RecordStore
     box: SecretBox
     tools_pool: ThreadPoolExecutor
+
+    @property
+    def agent_loop(self) -> RolloutAgentLoop:
+        """The v1 agent (only v1 routes ask, and only a v1 gateway mounts them)."""
+        assert isinstance(self.agent, RolloutAgentLoop)
+        return self.agent
 
     @property
     def api_key(self) -> str | None:

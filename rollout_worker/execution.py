@@ -47,8 +47,10 @@ class Carrier(Protocol):
     """Takes one claimed rollout of a protocol to a terminal status.
 
     Returns that status, or ``None`` when the lease was lost on the way (the rollout now
-    belongs to another worker and this one's result was discarded).
+    belongs to another worker, or was finished for it, and this one's result was discarded).
     """
+
+    retention_ms: int  # how long a finished record of this protocol is kept
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None: ...
 
@@ -88,10 +90,10 @@ class Executor:
         task = asyncio.current_task()
         assert task is not None
         self._running[record] = task
-        lease = Lease(self.store, record, self.owner, int(self._settings.record_ttl * 1000))
+        carrier = self._carriers[claim.record["protocol"]]
+        lease = Lease(self.store, record, self.owner, carrier.retention_ms)
         try:
             async with self._slots:
-                carrier = self._carriers[claim.record["protocol"]]
                 status = await carrier.carry(claim, lease)
         finally:
             self._running.pop(record, None)

@@ -1,13 +1,16 @@
 """Rollout records in Redis: key layout and the atomic state changes (Lua, ``lua/``).
 
 One hash per rollout holds everything: status, the request (its API key sealed), the 202
-body, timestamps, attempt, lease owner and result. Three sorted sets index them:
+body or lease digest, timestamps, attempt, lease owner and result. Sorted sets index them:
 
-* ``leases``   record → lease expiry (ms); a lapsed entry means its worker died;
-* ``active``   record → admission time, for rollouts not finished yet;
-* ``finished`` record → retention expiry, for finished rollouts still kept.
+* ``leases``       record → worker lease expiry (ms); a lapsed entry means its worker died;
+* ``active``       record → admission time, while unfinished;
+* ``finished``     record → retention expiry, once finished;
+* ``poll-leases``  v2 record → the trainer's polling deadline;
+* ``v2-ids``       v2 rollout ids, for cancel by prefix.
 
-Every key has a TTL. Statuses only move forward::
+Status changes are published on ``<prefix>:changes`` (long-polls wake on them) and requests
+to stop an execution on ``<prefix>:stops``. Every key has a TTL. Statuses only move forward::
 
     admitting → queued → running (→ grading) (→ delivering) → success | failure | cancelled
 """
@@ -42,8 +45,9 @@ TERMINAL = frozenset({Status.SUCCESS, Status.FAILURE, Status.CANCELLED})
 class Verdict(StrEnum):
     """What a worker's claim found."""
 
-    RUNNING = "running"  # run the agent
+    RUNNING = "running"  # run it
     DELIVERING = "delivering"  # a result is stored; deliver it
+    CANCELLED = "cancelled"  # cancellation was requested: record that, do not run
     EXHAUSTED = "exhausted"  # too many attempts: fail the rollout
     BUSY = "busy"  # another live worker holds it (a duplicate delivery)
     DONE = "done"  # already finished
@@ -59,7 +63,7 @@ class Claim:
 
     @property
     def acquired(self) -> bool:
-        return self.verdict in (Verdict.RUNNING, Verdict.DELIVERING, Verdict.EXHAUSTED)
+        return self.verdict not in (Verdict.BUSY, Verdict.DONE, Verdict.MISSING)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,13 @@ class Keys:
 
     def record(self, protocol: str, rollout_key: str) -> str:
         return f"{self.prefix}:{protocol}:{rollout_key}"
+
+    def rollout_key(self, record: str) -> str:
+        """The id part of a record key (``<prefix>:<protocol>:<id>`` → ``<id>``)."""
+        return record.removeprefix(f"{self.prefix}:").split(":", 1)[-1]
+
+    def worker(self, name: str) -> str:
+        return f"{self.prefix}:worker:{name}"
 
     @property
     def leases(self) -> str:
@@ -82,20 +93,37 @@ class Keys:
         return f"{self.prefix}:finished"
 
     @property
+    def poll_leases(self) -> str:
+        return f"{self.prefix}:poll-leases"
+
+    @property
+    def v2_ids(self) -> str:
+        return f"{self.prefix}:v2-ids"
+
+    @property
+    def draining(self) -> str:
+        return f"{self.prefix}:draining"
+
+    @property
+    def changes(self) -> str:
+        return f"{self.prefix}:changes"
+
+    @property
+    def stops(self) -> str:
+        return f"{self.prefix}:stops"
+
+    @property
     def fleet_key(self) -> str:
         return f"{self.prefix}:fleet-key"
 
-    def worker(self, name: str) -> str:
-        return f"{self.prefix}:worker:{name}"
-
-    def rollout_key(self, record: str) -> str:
-        """The id part of a record key (``<prefix>:<protocol>:<id>`` → ``<id>``)."""
-        return record.removeprefix(f"{self.prefix}:").split(":", 1)[-1]
+    @property
+    def deployment(self) -> str:
+        return f"{self.prefix}:deployment"
 
 
-def _load_scripts(redis: Redis) -> dict[str, AsyncScript]:
+def _load_scripts(redis: Redis, prefix: str) -> dict[str, AsyncScript]:
     folder = resources.files("rollout_worker") / "lua"
-    prelude = (folder / "_prelude.lua").read_text()
+    prelude = (folder / "_prelude.lua").read_text().replace("{prefix}", prefix)
     return {
         path.name.removesuffix(".lua"): redis.register_script(prelude + path.read_text())
         for path in folder.iterdir()
@@ -108,18 +136,18 @@ def _flatten(fields: Mapping[str, Any]) -> list[Any]:
 
 
 class RecordStore:
-    """Typed access to the records; every mutation is one Lua call (one round trip)."""
+    """Typed access to the records; every state change is one Lua call (one round trip)."""
 
     def __init__(self, redis: Redis, prefix: str, queue: str) -> None:
         self.redis = redis
         self.keys = Keys(prefix)
         self.queue = queue
-        self._scripts = _load_scripts(redis)
+        self._scripts = _load_scripts(redis, prefix)
 
     async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         return await self._scripts[script](keys=keys, args=args)
 
-    # --- admission (gateway) ------------------------------------------------------------
+    # --- v1 admission (gateway) ---------------------------------------------------------
 
     async def admit_begin(
         self, record: str, token: str, pending_ttl_ms: int
@@ -130,20 +158,53 @@ class RecordStore:
     async def admit_commit(
         self, record: str, token: str, ttl_ms: int, message: str, fields: Mapping[str, Any]
     ) -> bool:
-        keys = [record, self.keys.active, self.queue]
-        return bool(
-            await self._run("admit_commit", keys, [token, ttl_ms, message, *_flatten(fields)])
-        )
+        args = [token, ttl_ms, message, *_flatten(fields)]
+        return bool(await self._run("admit_commit", [record, self.queue], args))
 
     async def admit_abort(self, record: str, token: str) -> None:
         await self._run("admit_abort", [record], [token])
 
+    # --- v2 admission, polling, cancelling (gateway) ------------------------------------
+
+    async def admit_v2(
+        self,
+        record: str,
+        rollout_id: str,
+        *,
+        max_queued: int,
+        poll_lease_ms: int,
+        ttl_ms: int,
+        message: str,
+        fields: Mapping[str, Any],
+    ) -> str:
+        """``'queued'``, or why not: ``'draining'``, ``'full'``, ``'duplicate'``."""
+        args = [max_queued, poll_lease_ms, ttl_ms, rollout_id, message, *_flatten(fields)]
+        return cast(str, await self._run("admit_v2", [record, self.queue], args))
+
+    async def poll(
+        self, record: str, lease_digest: str, poll_lease_ms: int, ttl_ms: int
+    ) -> tuple[str, str | None]:
+        """``('unknown'|'forbidden', None)``, ``('final', result)`` or ``('status', status)``."""
+        reply = await self._run("poll", [record], [lease_digest, poll_lease_ms, ttl_ms])
+        return reply[0], (reply[1] if len(reply) > 1 else None)
+
+    async def cancel(self, records: list[str], ttl_ms: int) -> list[str]:
+        """One disposition per record, in order (pipelined)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for record in records:
+                await self._scripts["cancel"](keys=[record], args=[ttl_ms], client=pipe)
+            return cast(list[str], await pipe.execute())
+
+    async def v2_ids(self, prefix: str = "") -> list[str]:
+        """Rollout ids the fleet holds (admitted and not evicted), optionally by prefix."""
+        low = f"[{prefix}" if prefix else "-"
+        high = f"[{prefix}\xff" if prefix else "+"
+        return cast(list[str], await self.redis.zrangebylex(self.keys.v2_ids, low, high))
+
     # --- execution (workers) ------------------------------------------------------------
 
     async def claim(self, record: str, owner: str, lease_ms: int, max_attempts: int) -> Claim:
-        reply = await self._run(
-            "claim", [record, self.keys.leases], [owner, lease_ms, max_attempts]
-        )
+        reply = await self._run("claim", [record], [owner, lease_ms, max_attempts])
         verdict = Verdict(reply[0])
         if len(reply) == 1:
             return Claim(verdict)
@@ -157,10 +218,7 @@ class RecordStore:
     ) -> list[str]:
         if not records:
             return []
-        lost = await self._run(
-            "renew", [self.keys.leases, *records], [owner, lease_ms, inflight_ttl_ms]
-        )
-        return list(lost)
+        return list(await self._run("renew", records, [owner, lease_ms, inflight_ttl_ms]))
 
     async def finish(
         self,
@@ -172,9 +230,8 @@ class RecordStore:
         ttl_ms: int = 0,
         fields: Mapping[str, Any] | None = None,
     ) -> bool:
-        keys = [record, self.keys.leases, self.keys.active, self.keys.finished]
         args = [owner, status.value, result, ttl_ms, *_flatten(fields or {})]
-        return bool(await self._run("finish", keys, args))
+        return bool(await self._run("finish", [record], args))
 
     async def load(self, record: str) -> dict[str, str]:
         return cast(dict[str, str], await self.redis.hgetall(record))
@@ -182,18 +239,16 @@ class RecordStore:
     # --- recovery (sweeper) -------------------------------------------------------------
 
     async def expired(self, limit: int) -> list[str]:
-        return list(await self._run("expired", [self.keys.leases], [limit]))
+        return list(await self._run("expired", [], [limit]))
 
     async def requeue(self, record: str, message: str) -> bool:
-        return bool(await self._run("requeue", [record, self.keys.leases, self.queue], [message]))
+        return bool(await self._run("requeue", [record, self.queue], [message]))
+
+    async def expire_polls(self, limit: int, ttl_ms: int) -> int:
+        return int(await self._run("expire_polls", [], [limit, ttl_ms]))
 
     async def prune(self, inflight_ttl_ms: int) -> None:
-        """Drop index entries whose records can no longer exist (their TTL ran out)."""
-        now_ms = int(time.time() * 1000)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zremrangebyscore(self.keys.finished, "-inf", now_ms)
-            pipe.zremrangebyscore(self.keys.active, "-inf", now_ms - inflight_ttl_ms)
-            await pipe.execute()
+        await self._run("prune", [], [inflight_ttl_ms])
 
     # --- fleet-wide counts (health) -----------------------------------------------------
 

@@ -17,13 +17,16 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 from celery import Celery
+from celery.worker import state as worker_state
 from redis.asyncio import Redis
 
 from rollout_sdk.client import new_http_client
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
-from rollout_worker import v1
-from rollout_worker.execution import Executor
+from rollout_sdk.loader import Agent
+from rollout_worker import v1, v2
+from rollout_worker.envelope import task_id_for
+from rollout_worker.execution import Carrier, Executor
 from rollout_worker.loop import LoopThread
 from rollout_worker.records import RecordStore
 from rollout_worker.secrets import load_secret_box
@@ -32,14 +35,16 @@ from rollout_worker.sweeper import Sweeper
 
 logger = logging.getLogger(__name__)
 
+REVOKE_CHECK_SECONDS = 0.5
+
 
 class WorkerRuntime:
     def __init__(
-        self, settings: FleetSettings, app: Celery, agent_loop: RolloutAgentLoop, concurrency: int
+        self, settings: FleetSettings, app: Celery, agent: Agent, concurrency: int
     ) -> None:
         self.settings = settings
         self.app = app
-        self.agent_loop = agent_loop
+        self.agent = agent
         self.concurrency = concurrency
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.ready = False
@@ -74,14 +79,24 @@ class WorkerRuntime:
         box = await load_secret_box(self._redis, settings)
         sdk_settings = get_settings()
         self._http = new_http_client(sdk_settings)
-        carrier = v1.V1Carrier(self.agent_loop, self._http, box, sdk_settings, settings.debug_dir)
+        carrier: Carrier
+        if isinstance(self.agent, RolloutAgentLoop):
+            carrier = v1.V1Carrier(
+                self.agent, self._http, box, sdk_settings, settings.record_ttl, settings.debug_dir
+            )
+            protocol = v1.PROTOCOL
+        else:
+            carrier = v2.V2Carrier(self.agent, box, settings.result_retention_seconds)
+            protocol = v2.PROTOCOL
         self._executor = Executor(
-            store, self.owner, settings, {v1.PROTOCOL: carrier}, self.concurrency
+            store, self.owner, settings, {protocol: carrier}, self.concurrency
         )
-        sweeper = Sweeper(store, self.app, settings.inflight_ttl_seconds)
+        sweeper = Sweeper(store, self.app, settings)
         self._background = [
             asyncio.create_task(self._every(settings.lease_seconds / 3, self._heartbeat)),
             asyncio.create_task(self._every(settings.sweep_interval_seconds, sweeper.sweep)),
+            asyncio.create_task(self._every(REVOKE_CHECK_SECONDS, self._cancel_revoked)),
+            asyncio.create_task(self._listen_for_stops(store.keys.stops)),
         ]
 
     async def _close(self) -> None:
@@ -109,6 +124,33 @@ class WorkerRuntime:
             await self._redis.set(
                 key, json.dumps(status), ex=max(3, int(self.settings.lease_seconds))
             )
+
+    async def _cancel_revoked(self) -> None:
+        """Flower's Revoke (and ``celery control revoke``) cancels that rollout's task only."""
+        assert self._executor is not None
+        revoked = worker_state.revoked
+        for record in self._executor.held:
+            if task_id_for(record) in revoked and self._executor.cancel(record):
+                logger.warning("%s: revoked; cancelling its execution", record)
+
+    async def _listen_for_stops(self, channel: str) -> None:
+        """Stop requests (cancel, poll lease expiry) for rollouts running here."""
+        assert self._redis is not None
+        assert self._executor is not None
+        while True:
+            try:
+                async with self._redis.pubsub() as pubsub:
+                    await pubsub.subscribe(channel)
+                    async for message in pubsub.listen():
+                        if message["type"] == "message" and self._executor.cancel(message["data"]):
+                            logger.info(
+                                "%s: stop requested; cancelling its execution", message["data"]
+                            )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("stop listener lost Redis; reconnecting")
+                await asyncio.sleep(1)
 
     @staticmethod
     async def _every(interval: float, action: Callable[[], Awaitable[object]]) -> None:

@@ -32,7 +32,9 @@ class FleetSettings(BaseSettings):
     api_key: SecretStr | None = Field(
         None, description="Server key trainers must send (off if unset)."
     )
-    key_prefix: str = Field("rf", min_length=1, description="Prefix of every Redis key we own.")
+    key_prefix: str = Field(
+        "rf", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of every Redis key we own."
+    )
     queue: str = Field("rollouts", min_length=1, description="Celery queue (a Redis list).")
     worker_concurrency: int | None = Field(
         None,
@@ -46,6 +48,20 @@ class FleetSettings(BaseSettings):
         gt=0,
         description="How long a finished rollout's record (and idempotency key) is kept "
         "(default: OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS, 3600).",
+    )
+    result_wait_timeout_seconds: float = Field(
+        30, gt=0, description="v2: longest a result long-poll waits for a status change."
+    )
+    polling_lease_timeout_seconds: float = Field(
+        120, gt=0, description="v2: a rollout nobody polls for this long fails as lease_expired."
+    )
+    result_retention_seconds: float = Field(
+        900,
+        ge=0,
+        description="v2: how long a finished result stays readable (then 404, id reusable).",
+    )
+    max_queued: int = Field(
+        10_000, ge=1, description="v2: queued rollouts beyond which admission answers 429."
     )
     inflight_ttl_seconds: float = Field(
         86_400, gt=0, description="Safety TTL of a record that is queued or running."

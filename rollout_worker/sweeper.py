@@ -1,9 +1,12 @@
-"""Recovering rollouts whose worker died: lapsed lease → back to the front of the queue.
+"""Periodic recovery, run by every worker process.
 
-Every worker process sweeps; the requeue script re-checks the lease atomically, so
-concurrent sweepers never enqueue a rollout twice. With the default 15 s lease and 5 s
-sweep, a killed worker's rollouts are running again elsewhere within about 20 s, long
-before the broker's visibility timeout would redeliver them.
+* A rollout whose worker lease lapsed (its worker died) goes back to the front of the queue;
+  with the default 15 s lease and 5 s sweep it runs again elsewhere within about 20 s, long
+  before the broker's visibility timeout would redeliver it.
+* A v2 rollout nobody polled in time is finished as ``lease_expired`` and its execution
+  stopped.
+
+The scripts re-check everything atomically, so concurrent sweepers never act twice.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from celery import Celery
 
 from rollout_worker.envelope import task_message
 from rollout_worker.records import RecordStore
+from rollout_worker.settings import FleetSettings
 
 logger = logging.getLogger(__name__)
 
@@ -21,13 +25,14 @@ SWEEP_BATCH = 500
 
 
 class Sweeper:
-    def __init__(self, store: RecordStore, app: Celery, inflight_ttl_seconds: float) -> None:
+    def __init__(self, store: RecordStore, app: Celery, settings: FleetSettings) -> None:
         self._store = store
         self._app = app
-        self._inflight_ttl_ms = int(inflight_ttl_seconds * 1000)
+        self._inflight_ttl_ms = int(settings.inflight_ttl_seconds * 1000)
+        self._retention_ms = int(settings.result_retention_seconds * 1000)
 
     async def sweep(self) -> int:
-        """Requeue every rollout whose lease lapsed; returns how many were requeued."""
+        """Requeue rollouts whose worker lease lapsed; expire unpolled v2 rollouts."""
         requeued = 0
         for record in await self._store.expired(SWEEP_BATCH):
             rollout_key = self._store.keys.rollout_key(record)
@@ -37,6 +42,9 @@ class Sweeper:
                 logger.warning(
                     "rollout %s: its worker stopped renewing the lease; requeued", rollout_key
                 )
+        expired = await self._store.expire_polls(SWEEP_BATCH, self._retention_ms)
+        if expired:
+            logger.warning("%d rollouts were not polled in time: failed as lease_expired", expired)
         await self._store.prune(self._inflight_ttl_ms)
         return requeued
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import signals
 
-from rollout_sdk.loader import AgentLoadError, load_agent_loop
+from rollout_sdk.loader import AgentLoadError, load_agent
 from rollout_worker.celery_app import app, settings
 from rollout_worker.envelope import TASK_NAME
 from rollout_worker.runtime import WorkerRuntime
@@ -29,11 +29,11 @@ def _start_runtime(sender: Any = None, **_: Any) -> None:
     if not settings.agent:
         raise SystemExit("no agent configured: set AGENT (or ROLLOUT_FLEET_AGENT) to module:attr")
     try:
-        agent_loop = load_agent_loop(settings.agent)
+        agent = load_agent(settings.agent)
     except AgentLoadError as exc:
         raise SystemExit(f"cannot load the agent {settings.agent!r}: {exc}") from exc
     concurrency = getattr(sender, "concurrency", None) or settings.concurrency
-    runtime = WorkerRuntime(settings, app, agent_loop, concurrency)
+    runtime = WorkerRuntime(settings, app, agent, concurrency)
     try:
         runtime.start()
     except Exception as exc:
@@ -41,9 +41,7 @@ def _start_runtime(sender: Any = None, **_: Any) -> None:
         # rollouts must exit instead of consuming them.
         raise SystemExit(f"the worker cannot start: {type(exc).__name__}: {exc}") from exc
     _runtime = runtime
-    logger.info(
-        "worker %s serving agent %r (%d slots)", runtime.owner, agent_loop.name, concurrency
-    )
+    logger.info("worker %s serving agent %r (%d slots)", runtime.owner, agent.name, concurrency)
 
 
 @signals.worker_ready.connect

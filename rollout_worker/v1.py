@@ -8,6 +8,7 @@ instead of a rollout the trainer never hears about.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -29,6 +30,7 @@ from rollout_worker.secrets import SecretBox, redact
 logger = logging.getLogger(__name__)
 
 PROTOCOL = "v1"
+CANCELLED_MESSAGE = "rollout cancelled before it finished"
 
 
 def admission_fields(request: RolloutRequest, response_json: str, box: SecretBox) -> dict[str, str]:
@@ -64,8 +66,10 @@ class V1Carrier:
         http: httpx.AsyncClient,
         box: SecretBox,
         sdk_settings: RolloutSettings,
+        retention_seconds: float,
         debug_dir: str | None = None,
     ) -> None:
+        self.retention_ms = int(retention_seconds * 1000)
         self._agent_loop = agent_loop
         self._http = http
         self._box = box
@@ -95,6 +99,9 @@ class V1Carrier:
         return status
 
     async def _produce(self, claim: Claim, request: RolloutRequest) -> RolloutResponse:
+        """Run the agent, or explain why it did not run; the trainer hears back either way."""
+        if claim.verdict is Verdict.CANCELLED:
+            return error_response(request.rollout_id, CANCELLED_MESSAGE)
         if claim.verdict is Verdict.EXHAUSTED:
             return error_response(
                 request.rollout_id,
@@ -110,7 +117,12 @@ class V1Carrier:
             _start_time=time.monotonic() - claim.ms_since_accepted / 1000,
             _debug_dir=self._debug_dir,
         )
-        return await run_agent_loop(self._agent_loop, ctx)
+        try:
+            return await run_agent_loop(self._agent_loop, ctx)
+        except asyncio.CancelledError:
+            # Cancelled by an operator (Flower's Revoke) or because the lease was lost; in the
+            # latter case storing this result fails and another worker owns the rollout.
+            return error_response(request.rollout_id, CANCELLED_MESSAGE, ctx)
 
     async def _deliver(self, request: RolloutRequest, response: RolloutResponse) -> str:
         try:

@@ -285,6 +285,10 @@ class InProcessRollouts(RolloutService):
             rollout_ids=active,
         )
 
+    async def resume(self) -> RolloutLifecycle:
+        self.accepting = True
+        return RolloutLifecycle(accepting_rollouts=True, active_rollouts=len(self._active()))
+
     async def shutdown(self) -> None:
         """Stop admitting, let in-flight rollouts finish briefly, cancel the rest (P§2.14)."""
         await self.drain(SHUTDOWN_DRAIN_SEC)

@@ -24,6 +24,7 @@ from rollout_sdk.types.protocol import (
     DrainResponse,
     RolloutInitRequest,
     RolloutInitResponse,
+    RolloutLifecycle,
     RolloutResultResponse,
     RolloutServerHealth,
 )
@@ -85,6 +86,10 @@ class RolloutService(Protocol):
     async def health(self) -> RolloutServerHealth: ...
 
     async def drain(self, timeout_sec: float) -> DrainResponse: ...
+
+    async def resume(self) -> RolloutLifecycle:
+        """Lift a drain fence (extension: ``DELETE /drain``)."""
+        ...
 
 
 ServiceGetter = Callable[[Request], RolloutService]
@@ -159,6 +164,10 @@ def v2_router(service: ServiceGetter) -> APIRouter:
     @router.post("/drain", response_model=DrainResponse)
     async def drain(http: Request, request: DrainRequest | None = None) -> DrainResponse:
         return await service(http).drain((request or DrainRequest()).timeout_sec)
+
+    @router.delete("/drain", response_model=RolloutLifecycle)
+    async def resume(http: Request) -> RolloutLifecycle:
+        return await service(http).resume()
 
     return router
 

@@ -1,0 +1,144 @@
+"""The v2 protocol on the fleet: the record the gateway writes and the worker carries.
+
+A v2 rollout is keyed by its ``rollout_id``. The worker runs the workflow and grader with the
+SDK's own execution semantics (deadlines counting queue time, error categories, reward
+stripping), reports ``grading`` as it starts grading, and stores the wire result the
+trainer's long-poll returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+
+from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
+from rollout_sdk.context import RolloutContext, RolloutProgress
+from rollout_sdk.server.rollout_server import cancelled_result
+from rollout_sdk.types import (
+    ExecutionRequest,
+    ExecutionResult,
+    RolloutErrorCategory,
+    RolloutInitRequest,
+    RolloutResultResponse,
+    RolloutStatus,
+    wire_result,
+)
+from rollout_worker.execution import Lease
+from rollout_worker.records import Claim, Status, Verdict
+from rollout_worker.secrets import SecretBox
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL = "v2"
+
+
+def admission_fields(
+    request: RolloutInitRequest, lease_digest: str, box: SecretBox
+) -> dict[str, str]:
+    """The record fields of a newly admitted v2 rollout; the LLM key is sealed, never plain."""
+    fields = {
+        "protocol": PROTOCOL,
+        "rollout_id": request.rollout_id,
+        "request": request.model_dump_json(exclude={"llm_api_key"}),
+        "lease_digest": lease_digest,
+    }
+    if request.llm_api_key:
+        fields["secret"] = box.seal(request.llm_api_key)
+    return fields
+
+
+def request_from_record(record: Mapping[str, str], box: SecretBox) -> RolloutInitRequest:
+    request = RolloutInitRequest.model_validate_json(record["request"])
+    if "secret" in record:
+        request = request.model_copy(update={"llm_api_key": box.open(record["secret"])})
+    return request
+
+
+def crashed_result(rollout_id: str, message: str = "rollout task crashed") -> RolloutResultResponse:
+    return wire_result(
+        rollout_id,
+        ExecutionResult(
+            status=RolloutStatus.FAILURE,
+            err_message=message,
+            err_category=RolloutErrorCategory.INTERNAL_ERROR,
+        ),
+    )
+
+
+class V2Carrier:
+    """Runs v2 workflows (and graders) on this worker process."""
+
+    def __init__(self, bundle: WorkflowBundle, box: SecretBox, retention_seconds: float) -> None:
+        self.retention_ms = int(retention_seconds * 1000)
+        self._bundle = bundle
+        self._box = box
+        # The workflow config's max_concurrent applies per worker process.
+        limit = bundle.max_concurrent
+        self._slots = asyncio.Semaphore(limit) if limit else None
+
+    async def carry(self, claim: Claim, lease: Lease) -> Status | None:
+        request = request_from_record(claim.record, self._box)
+        if claim.verdict is Verdict.CANCELLED:
+            return await self._record(lease, cancelled_result(request.rollout_id))
+        if claim.verdict is Verdict.EXHAUSTED:
+            message = f"rollout task crashed: {claim.attempt - 1} workers died running it"
+            return await self._record(lease, crashed_result(request.rollout_id, message))
+        try:
+            result = await self._run(request, claim, lease)
+        except asyncio.CancelledError:
+            # Cancel requested, poll lease expired, or worker lease lost: only a rollout this
+            # worker still holds can record the cancellation.
+            return await self._record(lease, cancelled_result(request.rollout_id))
+        return await self._record(lease, result)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        if self._slots is None:
+            yield
+            return
+        async with self._slots:
+            yield
+
+    async def _run(
+        self, request: RolloutInitRequest, claim: Claim, lease: Lease
+    ) -> RolloutResultResponse:
+        async def report(status: RolloutStatus) -> None:
+            if status is RolloutStatus.GRADING:
+                await lease.advance(Status.GRADING)
+
+        ctx = RolloutContext(
+            chat_completions_url=request.chat_completions_url,
+            api_key=request.llm_api_key,
+            rollout_id=request.rollout_id,
+            progress=RolloutProgress(status=RolloutStatus.RUNNING, on_status=report),
+        )
+        execution = ExecutionRequest(
+            id=request.rollout_id,
+            prompt=request.initial_messages,
+            label=request.label,
+            metadata=request.metadata,
+            agent_timeout_sec=request.agent_timeout_sec,
+            grader_timeout_sec=request.grader_timeout_sec,
+            grade=request.grade,
+        )
+        waiting_since = time.monotonic()
+        async with self._slot():
+            queued_sec = claim.ms_since_accepted / 1000 + (time.monotonic() - waiting_since)
+            try:
+                outcome = await execute_rollout(self._bundle, execution, ctx, queued_sec=queued_sec)
+            except Exception as exc:
+                logger.exception(
+                    "rollout %s: execution crashed outside user code", request.rollout_id
+                )
+                return crashed_result(request.rollout_id, str(exc) or "rollout task crashed")
+        return wire_result(request.rollout_id, outcome.result)
+
+    async def _record(self, lease: Lease, result: RolloutResultResponse) -> Status | None:
+        status = Status(result.status.value)
+        return status if await lease.advance(status, result=result.wire_json()) else None
+
+
+__all__ = ["PROTOCOL", "V2Carrier", "admission_fields", "crashed_result", "request_from_record"]
