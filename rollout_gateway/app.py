@@ -26,6 +26,7 @@ from rollout_gateway.v2 import FleetRollouts
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import load_agent
+from rollout_sdk.server.http import install_error_handlers
 from rollout_sdk.server.v2_http import RolloutService, require_bearer, v2_router
 from rollout_worker import celery_app
 from rollout_worker.records import RecordStore
@@ -83,6 +84,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
             await redis.aclose()
 
     app = FastAPI(title=f"Rollout Fleet gateway ({agent.name})", lifespan=lifespan)
+    install_error_handlers(app)
     app.add_exception_handler(RedisConnectionError, _store_unavailable)
     app.add_exception_handler(RedisTimeoutError, _store_unavailable)
     if speaks_v1:

@@ -13,7 +13,13 @@ import pytest
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_fleet.redis_server import RedisServer
-from tests.harness import SCRIPTED_AGENT, FleetUnderTest, MockTrainGateClient
+from tests.harness import (
+    SCRIPTED_AGENT,
+    SCRIPTED_V2_AGENT,
+    FleetUnderTest,
+    MockTrainGateClient,
+    V2FleetUnderTest,
+)
 
 # Fast knobs so retries, leases and recovery play out in seconds, not minutes.
 TEST_ENV = {
@@ -68,6 +74,7 @@ def start_fleet(
         workers: int = 2,
         concurrency: int = 20,
         env: dict[str, str] | None = None,
+        handle: type[FleetUnderTest] = FleetUnderTest,
         **options: Any,
     ) -> FleetUnderTest:
         fleet = LocalFleet(
@@ -79,10 +86,10 @@ def start_fleet(
             log_dir=tmp_path_factory.mktemp("fleet"),
             **options,
         )
-        handle = FleetUnderTest(fleet, mock_trainer)
-        started.append(handle)
+        under_test = handle(fleet, mock_trainer)
+        started.append(under_test)
         fleet.start()
-        return handle
+        return under_test
 
     yield start
     for handle in started:
@@ -102,3 +109,15 @@ def module_fleet(*args: Any, **options: Any) -> Any:
 
 
 fleet = module_fleet()  # the default: the scripted agent, no server key, two workers
+
+# v2 fleets answer status-only polls after 2 s instead of 30 s.
+V2_ENV = {"ROLLOUT_FLEET_RESULT_WAIT_TIMEOUT_SECONDS": "2"}
+
+
+def v2_fleet(*, env: dict[str, str] | None = None, **options: Any) -> Any:
+    """A module fleet for the scripted v2 agent: two gateways (admit on one, poll on the
+    other) and two workers unless told otherwise."""
+    options = {"gateways": 2, "workers": 2, **options}
+    return module_fleet(
+        SCRIPTED_V2_AGENT, handle=V2FleetUnderTest, env={**V2_ENV, **(env or {})}, **options
+    )

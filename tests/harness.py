@@ -16,6 +16,7 @@ from rollout_fleet.local import LocalFleet
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTED_AGENT = f"{REPO / 'tests/agents/scripted_v1.py'}:agent_loop"
+SCRIPTED_V2_AGENT = str(REPO / "tests/agents/scripted_v2.py")  # found by discovery
 CALCULATOR_AGENT = f"{REPO / 'examples/calculator/server.py'}:agent_loop"
 CALCULATOR_DATASET = REPO / "examples/calculator/test_data.jsonl"
 
@@ -94,8 +95,10 @@ class FleetUnderTest:
     def init(self, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
         return self.http.post("/v1/rollout/init", json=body, **kwargs)
 
+    protocol = "v1"
+
     def record_key(self, key: str) -> str:
-        return f"{self.prefix}:v1:{key}"
+        return f"{self.prefix}:{self.protocol}:{key}"
 
     def record(self, key: str) -> dict[str, str]:
         return self.redis.hgetall(self.record_key(key))  # type: ignore[return-value]
@@ -135,3 +138,70 @@ class FleetUnderTest:
         self.fleet.stop()
         self.http.close()
         self.redis.close()
+
+
+LEASE_HEADER = "X-Osmosis-Rollout-Lease"
+TERMINAL = {"success", "failure", "cancelled"}
+
+
+def v2_body(trainer_url: str, rollout_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    """A valid ``POST /rollout`` body for the calculator question ``6 * 7``."""
+    rollout_id = new_id("v2") if rollout_id is None else rollout_id
+    body: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "initial_messages": [{"role": "user", "content": "What is 6 * 7?"}],
+        "chat_completions_url": f"{trainer_url}/v1/rollouts/{rollout_id}",
+        "label": "42",
+    }
+    body.update(fields)
+    return body
+
+
+@dataclass
+class V2FleetUnderTest(FleetUnderTest):
+    """A v2 fleet: admissions go to the first gateway, polls to the last one."""
+
+    protocol = "v2"
+    poller: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        key = self.fleet.env.get("ROLLOUT_FLEET_API_KEY")
+        auth = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http.headers.update(auth)
+        self.poller = httpx.Client(base_url=self.fleet.gateway_urls[-1], timeout=60, headers=auth)
+
+    def body(self, rollout_id: str | None = None, **fields: Any) -> dict[str, Any]:
+        return v2_body(self.trainer.url, rollout_id, **fields)
+
+    def admit(self, body: dict[str, Any]) -> httpx.Response:
+        return self.http.post("/rollout", json=body)
+
+    def poll(self, rollout_id: str, token: str) -> httpx.Response:
+        return self.poller.get(f"/rollout/{rollout_id}/result", headers={LEASE_HEADER: token})
+
+    def admitted(self, **fields: Any) -> tuple[str, str]:
+        """Admit a rollout; its (id, lease token)."""
+        body = self.body(**fields)
+        response = self.admit(body)
+        assert response.status_code == 202, response.text
+        return body["rollout_id"], response.json()["polling_lease_token"]
+
+    def result(self, rollout_id: str, token: str, timeout: float = 60) -> dict[str, Any]:
+        """Long-poll until the rollout is terminal; the final body."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            response = self.poll(rollout_id, token)
+            assert response.status_code == 200, response.text
+            body: dict[str, Any] = response.json()
+            if body["status"] in TERMINAL:
+                return body
+        raise AssertionError(f"{rollout_id} not finished after {timeout}s\n{self.logs()}")
+
+    def run(self, **fields: Any) -> dict[str, Any]:
+        """Admit, then poll to the end: the final result."""
+        return self.result(*self.admitted(**fields))
+
+    def close(self) -> None:
+        super().close()
+        self.poller.close()

@@ -3,6 +3,8 @@
 ``metadata["script"]`` — workflow steps, in order (default: one chat):
 
     {"chat": {...}}            one non-streaming chat call (plain HTTP), reply appended
+    {"chats": [n, every_s]}    n chat calls, every_s apart (a long, chatty rollout)
+    {"register": name}         register a sample source named ``name`` (seed shape)
     {"sleep": s}               asyncio.sleep          {"block": s}  time.sleep (blocks the loop)
     {"raise": ["Type", "m"]}   raise Type(m) (RuntimeError, ValueError, TimeoutError, ...)
     {"echo": true}             append what the workflow saw (prompt, metadata, label?, state)
@@ -10,7 +12,9 @@
 
 The workflow returns its message list. ``metadata["grade"]`` — grader steps:
 
-    {"sleep": s}  {"raise": ["Type", "m"]}  {"reward": x|"nan"}  {"remove": true}  {"skip": true}
+    {"sleep": s}  {"raise": ["Type", "m"]}  {"reward": x|"nan"}  {"remove": true}
+    {"poison": true}  put a NaN and an unencodable object into metrics/extra_fields
+    {"reward_each": x}  set_sample_reward(id, x) for every sample (seed shape)
 
 The grader copies what it saw (label, metadata) into ``sample.extra_fields``.
 """
@@ -32,10 +36,22 @@ from rollout_sdk import (
     AgentWorkflowOutput,
     Grader,
     GraderContext,
+    RolloutSample,
+    SampleSource,
     get_rollout_context,
 )
 
 ERRORS = {"RuntimeError": RuntimeError, "ValueError": ValueError, "TimeoutError": TimeoutError}
+
+
+class FixedSource(SampleSource):
+    """A sample source whose sample says who it is."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def get_sample(self, *args: Any) -> RolloutSample:
+        return RolloutSample(messages=[{"role": "assistant", "content": f"from {self.name}"}])
 
 
 class ScriptedConfig(AgentWorkflowConfig):
@@ -75,6 +91,14 @@ class ScriptedWorkflow(AgentWorkflow[ScriptedConfig]):
             action, argument = next(iter(step.items()))
             if action == "chat":
                 messages.append(await chat(messages))
+            elif action == "chats":
+                for _ in range(argument[0]):
+                    messages.append(await chat(messages))
+                    await asyncio.sleep(argument[1])
+            elif action == "register":
+                rollout = get_rollout_context()
+                assert rollout is not None
+                rollout.register_sample_source(argument, FixedSource(argument))
             elif action == "sleep":
                 await asyncio.sleep(argument)
             elif action == "block":
@@ -108,5 +132,12 @@ class ScriptedGrader(Grader):
                 raise ERRORS[argument[0]](argument[1])
             elif action == "reward":
                 ctx.set_reward(math.nan if argument == "nan" else argument)
+            elif action == "reward_each":
+                for sample_id in ctx.get_samples():
+                    ctx.set_sample_reward(sample_id, argument)
             elif action == "remove":
                 ctx.sample.remove_sample = True
+            elif action == "poison":
+                ctx.sample.metrics["nan"] = math.nan
+                ctx.sample.metrics["fine"] = 1.5
+                ctx.sample.extra_fields["object"] = object()

@@ -3,6 +3,7 @@ and leaves no record behind; an unavailable store is a 503, never a 500."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -121,3 +122,15 @@ def test_a_gateway_dying_mid_admission_does_not_block_the_key(fleet: FleetUnderT
     assert response.status_code == 202
     assert response.json()["rollout_id"] == body["rollout_id"]
     assert len(fleet.wait_delivered([body["rollout_id"]])[body["rollout_id"]]) == 1
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity"])
+def test_a_non_finite_number_in_the_body_is_422_not_500(
+    fleet: FleetUnderTest, literal: str
+) -> None:
+    text = json.dumps(fleet.body())[:-1] + f', "max_turns": {literal}}}'
+    response = fleet.http.post(
+        "/v1/rollout/init", content=text, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "max_turns"]

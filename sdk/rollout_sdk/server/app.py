@@ -24,7 +24,11 @@ from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import OsmosisRolloutError
 from rollout_sdk.core.schemas import HealthResponse, InitResponse, RolloutRequest
 from rollout_sdk.runner import ToolsError, prepare_rollout, run_agent_loop
-from rollout_sdk.server.http import require_platform_key, require_v1_key
+from rollout_sdk.server.http import (
+    install_error_handlers,
+    require_platform_key,
+    require_v1_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +172,7 @@ def create_app(
             await server.http.aclose()
 
     app = FastAPI(title=f"Osmosis RolloutServer ({agent_loop.name})", lifespan=lifespan)
+    install_error_handlers(app)
 
     @app.post("/v1/rollout/init", status_code=202, response_model=InitResponse)
     async def init_rollout(

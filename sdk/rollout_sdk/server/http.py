@@ -1,8 +1,14 @@
-"""FastAPI pieces shared by every v1 server (the in-process app and the fleet gateway)."""
+"""FastAPI pieces shared by every server (in-process apps and the fleet gateway)."""
 
 from __future__ import annotations
 
-from fastapi import HTTPException
+import math
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from rollout_sdk.server.api_key import is_authorized
 
@@ -22,4 +28,32 @@ def require_platform_key(authorization: str | None, expected: str | None) -> Non
     require_v1_key(authorization, expected)
 
 
-__all__ = ["INVALID_KEY_DETAIL", "require_platform_key", "require_v1_key"]
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats (a NaN the client sent) become text; JSON cannot carry them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = _json_safe(jsonable_encoder(exc.errors()))
+    return JSONResponse(status_code=422, content={"detail": errors})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """422s that can always be encoded: FastAPI's own handler echoes the bad input and fails
+    with a 500 when that input is a NaN."""
+    app.add_exception_handler(RequestValidationError, _validation_error)
+
+
+__all__ = [
+    "INVALID_KEY_DETAIL",
+    "install_error_handlers",
+    "require_platform_key",
+    "require_v1_key",
+]

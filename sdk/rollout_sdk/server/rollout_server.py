@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.errors import categorize_exception
 from rollout_sdk.context import RolloutContext, RolloutProgress
+from rollout_sdk.server.http import install_error_handlers
 from rollout_sdk.server.v2_http import (
     DuplicateRollout,
     InvalidLease,
@@ -352,6 +353,7 @@ def create_rollout_server(
     app = FastAPI(title="Rollout server", lifespan=server_lifespan)
     app.state.backend = backend
     app.state.rollouts = service
+    install_error_handlers(app)
     if api_key is not None:
         require_bearer(app, api_key)
     app.include_router(v2_router(lambda request: service))
