@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -29,7 +28,7 @@ from rollout_sdk.loader import load_agent
 from rollout_sdk.server.http import install_error_handlers
 from rollout_sdk.server.v2_http import RolloutService, require_bearer, v2_router
 from rollout_worker import celery_app
-from rollout_worker.records import RecordStore
+from rollout_worker.records import RecordStore, connect
 from rollout_worker.secrets import load_secret_box
 from rollout_worker.settings import FleetSettings
 
@@ -58,7 +57,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = Redis.from_url(settings.redis_dsn, decode_responses=True)
+        redis = connect(settings.redis_dsn, settings.redis_max_connections)
         store = RecordStore(redis, settings.key_prefix, settings.queue)
         tools_pool = ThreadPoolExecutor(settings.get_tools_threads, thread_name_prefix="get-tools")
         gateway = Gateway(

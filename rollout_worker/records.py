@@ -24,8 +24,18 @@ from enum import StrEnum
 from importlib import resources
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.commands.core import AsyncScript
+
+POOL_WAIT_SECONDS = 10.0
+
+
+def connect(url: str, max_connections: int) -> Redis:
+    """A client whose pool makes callers wait for a free connection instead of failing."""
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=POOL_WAIT_SECONDS, decode_responses=True
+    )
+    return Redis(connection_pool=pool)
 
 
 class Status(StrEnum):
@@ -262,4 +272,4 @@ class RecordStore:
         return int(active), int(finished)
 
 
-__all__ = ["TERMINAL", "Claim", "Keys", "RecordStore", "Status", "Verdict"]
+__all__ = ["TERMINAL", "Claim", "Keys", "RecordStore", "Status", "Verdict", "connect"]

@@ -28,7 +28,7 @@ from rollout_worker import v1, v2
 from rollout_worker.envelope import task_id_for
 from rollout_worker.execution import Carrier, Executor
 from rollout_worker.loop import LoopThread
-from rollout_worker.records import RecordStore
+from rollout_worker.records import RecordStore, connect
 from rollout_worker.secrets import load_secret_box
 from rollout_worker.settings import FleetSettings
 from rollout_worker.sweeper import Sweeper
@@ -74,7 +74,7 @@ class WorkerRuntime:
 
     async def _open(self) -> None:
         settings = self.settings
-        self._redis = Redis.from_url(settings.redis_dsn, decode_responses=True)
+        self._redis = connect(settings.redis_dsn, settings.redis_max_connections)
         store = RecordStore(self._redis, settings.key_prefix, settings.queue)
         box = await load_secret_box(self._redis, settings)
         sdk_settings = get_settings()

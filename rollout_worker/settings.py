@@ -32,6 +32,9 @@ class FleetSettings(BaseSettings):
     api_key: SecretStr | None = Field(
         None, description="Server key trainers must send (off if unset)."
     )
+    redis_max_connections: int = Field(
+        200, ge=1, description="Redis connections per process; more requests wait for one."
+    )
     key_prefix: str = Field(
         "rf", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of every Redis key we own."
     )
