@@ -94,15 +94,21 @@ def _print_fleet(fleet: LocalFleet, redis_url: str) -> None:
     table.add_row("logs", str(fleet.log_dir))
     console.print(table)
     if fleet.mock_trainer:
+        path, body, result = fleet.sample_request()
         console.print("Send a rollout:")
         console.print(
-            f"  curl -s -X POST {fleet.gateway_url}/v1/rollout/init "
-            f"-H 'Content-Type: application/json' -d '{fleet.sample_request()}'",
+            f"  curl -s -X POST {fleet.gateway_url}{path} "
+            f"-H 'Content-Type: application/json' -d '{body}'",
             soft_wrap=True,
         )
-        console.print(
-            f"Its result:\n  curl -s {fleet.mock_trainer_url}/v1/rollout/completed/demo-1"
-        )
+        if path == "/rollout":
+            console.print(
+                "Its result (with the polling_lease_token from the answer):\n"
+                f"  curl -s {result} -H 'X-Osmosis-Rollout-Lease: <token>'",
+                soft_wrap=True,
+            )
+        else:
+            console.print(f"Its result:\n  curl -s {result}")
     console.print("Press Ctrl-C to stop.")
 
 

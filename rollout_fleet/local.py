@@ -13,6 +13,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -180,20 +181,36 @@ class LocalFleet:
         for process in reversed(list(self.processes.values())):
             process.stop()
 
-    def sample_request(self) -> str:
-        """A ready-to-send v1 init body pointing at the mock TrainGate."""
-        return json.dumps(
-            {
-                "rollout_id": "demo-1",
-                "server_url": self.mock_trainer_url,
-                "messages": [
-                    {"role": "system", "content": "Use the tools; answer as #### <number>."},
-                    {"role": "user", "content": "What is (15 + 5) * 3?"},
-                ],
-                "completion_params": {"temperature": 0.7},
-                "metadata": {"ground_truth": "60"},
+    def speaks_v2(self) -> bool:
+        """A v2 gateway's health names its deployment (``process_id``); a v1 one does not."""
+        health = httpx.get(f"{self.gateway_url}/health", headers=self._auth(), timeout=5).json()
+        return "process_id" in health
+
+    def sample_request(self, rollout_id: str = "demo-1") -> tuple[str, str, str]:
+        """(path, body, result URL) of a ready-to-send rollout for the mock TrainGate."""
+        messages = [
+            {"role": "system", "content": "Use the tools; answer as #### <number>."},
+            {"role": "user", "content": "What is 12 * 5?"},
+        ]
+        body: dict[str, Any]
+        if self.speaks_v2():
+            body = {
+                "rollout_id": rollout_id,
+                "initial_messages": messages,
+                "chat_completions_url": f"{self.mock_trainer_url}/v1/rollouts/{rollout_id}",
+                "label": "60",
             }
-        )
+            result = f"{self.gateway_url}/rollout/{rollout_id}/result"
+            return "/rollout", json.dumps(body), result
+        body = {
+            "rollout_id": rollout_id,
+            "server_url": self.mock_trainer_url,
+            "messages": messages,
+            "completion_params": {"temperature": 0.7},
+            "metadata": {"ground_truth": "60"},
+        }
+        result = f"{self.mock_trainer_url}/v1/rollout/completed/{rollout_id}"
+        return "/v1/rollout/init", json.dumps(body), result
 
 
 __all__ = ["LocalFleet", "fleet_command"]

