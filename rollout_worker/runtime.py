@@ -67,6 +67,17 @@ class WorkerRuntime:
         self.ready = True
         self._loop.submit(self._heartbeat())
 
+    def cancel_unstarted(self, record: str) -> None:
+        """Celery discarded this rollout's message (revoked before it started): record the
+        cancellation, and for v1 report it to the trainer, which would otherwise never hear."""
+        self._loop.submit(self._cancel_unstarted(record))
+
+    async def _cancel_unstarted(self, record: str) -> None:
+        assert self._executor is not None
+        retention_ms = int(self.settings.result_retention_seconds * 1000)
+        await self._executor.store.cancel([record], retention_ms)
+        await self._executor.execute(record)  # a v1 rollout claims as cancelled and reports
+
     def run_rollout(self, record: str) -> str:
         """Called on a Celery pool thread: run the rollout on the loop and wait for it."""
         assert self._executor is not None

@@ -56,6 +56,14 @@ def _stop_runtime(**_: Any) -> None:
         _runtime.stop()
 
 
+@signals.task_revoked.connect
+def _revoked(request: Any = None, **_: Any) -> None:
+    """A revoked message is dropped unexecuted; the record must not stay queued forever."""
+    args = getattr(request, "args", None)
+    if _runtime is not None and args and getattr(request, "task", None) == TASK_NAME:
+        _runtime.cancel_unstarted(args[0])
+
+
 @app.task(name=TASK_NAME)
 def run_rollout(record: str) -> str:
     if _runtime is None:

@@ -91,3 +91,29 @@ def test_a_revoked_v1_rollout_still_reports_back_once(v1_fleet: FleetUnderTest) 
     assert delivered["status"] == "ERROR"
     assert "cancelled" in delivered["error_message"]
     assert v1_fleet.wait_status(body["rollout_id"], {"failure"})["delivery"] == "delivered"
+
+
+narrow_v2 = v2_fleet(gateways=1, workers=1, concurrency=1)
+narrow_v1 = module_fleet(workers=1, concurrency=1)
+
+
+def test_revoking_a_queued_v2_rollout_cancels_it(narrow_v2: V2FleetUnderTest) -> None:
+    busy = narrow_v2.admitted(metadata={"script": [{"sleep": 2}]})
+    narrow_v2.wait_status(busy[0], {"running"})
+    queued, token = narrow_v2.admitted()
+    revoke(narrow_v2, narrow_v2.record_key(queued))
+    final = narrow_v2.result(queued, token)
+    assert final["status"] == "cancelled"
+    assert narrow_v2.trainer.calls("chat", queued) == []
+
+
+def test_revoking_a_queued_v1_rollout_reports_back_once(narrow_v1: FleetUnderTest) -> None:
+    busy = narrow_v1.body(metadata=script({"sleep": 2}, {"complete": {}}))
+    queued = narrow_v1.body()
+    assert narrow_v1.init(busy).status_code == narrow_v1.init(queued).status_code == 202
+    revoke(narrow_v1, narrow_v1.record_key(queued["rollout_id"]))
+    deliveries = narrow_v1.wait_delivered([busy["rollout_id"], queued["rollout_id"]])
+    (reported,) = deliveries[queued["rollout_id"]]
+    assert reported["status"] == "ERROR"
+    assert "cancelled" in reported["error_message"]
+    assert narrow_v1.trainer.calls("chat", queued["rollout_id"]) == []
