@@ -18,7 +18,6 @@ from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
 from rollout_sdk.context import RolloutContext, RolloutProgress
 from rollout_sdk.server.rollout_server import cancelled_result
 from rollout_sdk.types import (
-    ExecutionRequest,
     ExecutionResult,
     RolloutErrorCategory,
     RolloutInitRequest,
@@ -115,15 +114,7 @@ class V2Carrier:
             rollout_id=request.rollout_id,
             progress=RolloutProgress(status=RolloutStatus.RUNNING, on_status=report),
         )
-        execution = ExecutionRequest(
-            id=request.rollout_id,
-            prompt=request.initial_messages,
-            label=request.label,
-            metadata=request.metadata,
-            agent_timeout_sec=request.agent_timeout_sec,
-            grader_timeout_sec=request.grader_timeout_sec,
-            grade=request.grade,
-        )
+        execution = request.execution_request()
         waiting_since = time.monotonic()
         async with self._slot():
             queued_sec = claim.ms_since_accepted / 1000 + (time.monotonic() - waiting_since)

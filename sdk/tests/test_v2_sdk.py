@@ -311,3 +311,27 @@ def test_an_integration_without_its_framework_names_the_extra(
     monkeypatch.delitem(sys.modules, module, raising=False)
     with pytest.raises(ModuleNotFoundError, match=rf"pip install 'rollout-sdk\[{extra}\]'"):
         __import__(module)
+
+
+async def test_openai_agents_streamed_runs_work_too(mock_trainer: tuple[str, Any]) -> None:
+    from agents import Runner
+
+    from rollout_sdk.integrations.agents.openai_agents import (
+        OsmosisAgent,
+        OsmosisMemorySession,
+        OsmosisRolloutModel,
+    )
+
+    url, gate = mock_trainer
+    with RolloutContext(chat_completions_url=f"{url}/v1/rollouts/st1", rollout_id="st1") as ctx:
+        agent = OsmosisAgent(name="a", instructions="be brief", model=OsmosisRolloutModel())
+        streamed = Runner.run_streamed(agent, "hello", session=OsmosisMemorySession(name="s"))
+        events = [event async for event in streamed.stream_events()]
+        sample = await ctx.get_sample()
+    assert events
+    assert streamed.final_output == "OK."
+    assert sample is not None
+    assert len(sample.messages) == 2
+    (call,) = gate.calls
+    assert call.body["stream"] is True
+    assert call.headers["x-sample-id"] == "s"

@@ -31,7 +31,7 @@ def failure(body: dict[str, Any]) -> tuple[str, str | None, str | None]:
     return body["status"], body["err_category"], body["err_message"]
 
 
-def test_102_happy_path(fleet: V2FleetUnderTest) -> None:
+def test_102_and_124_happy_path_with_a_plain_http_workflow(fleet: V2FleetUnderTest) -> None:
     final = run(fleet)
     assert (final["status"], final["err_message"], final["err_category"]) == ("success", None, None)
     sample = final["sample"]
@@ -39,6 +39,9 @@ def test_102_happy_path(fleet: V2FleetUnderTest) -> None:
     assert sample["messages"][0] == {"role": "user", "content": "What is 6 * 7?"}
     assert sample["messages"][1]["role"] == "assistant"
     assert sample["messages"][1]["tool_calls"][0]["function"]["name"] == "multiply"
+    # 124: the scripted workflow calls the TrainGate with plain, non-streaming JSON.
+    (call,) = fleet.trainer.calls("chat", final["rollout_id"])
+    assert "stream" not in call["body"]
 
 
 def test_103_grade_false_skips_the_grader(fleet: V2FleetUnderTest) -> None:

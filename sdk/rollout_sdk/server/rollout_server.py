@@ -52,7 +52,6 @@ from rollout_sdk.types.protocol import (
     wire_result,
 )
 from rollout_sdk.types.sample import (
-    ExecutionRequest,
     ExecutionResult,
     RolloutErrorCategory,
     RolloutStatus,
@@ -147,15 +146,7 @@ class InProcessRollouts(RolloutService):
             rollout_id=request.rollout_id,
             progress=entry.progress,
         )
-        execution = ExecutionRequest(
-            id=request.rollout_id,
-            prompt=request.initial_messages,
-            label=request.label,
-            metadata=request.metadata,
-            agent_timeout_sec=request.agent_timeout_sec,
-            grader_timeout_sec=request.grader_timeout_sec,
-            grade=request.grade,
-        )
+        execution = request.execution_request()
         try:
             with ctx:
                 outcome = await self.backend.execute(execution)

@@ -124,6 +124,17 @@ class MockTrainGate:
                 return fault
         return None
 
+    async def receive(
+        self, target: Target, rollout_id: str | None, request: Request, raw: Any
+    ) -> tuple[RecordedCall, Fault | None, Response | None]:
+        """Record a call and apply its fault: (call, fault, the fault's answer if it has one)."""
+        call = self.arrive(target, rollout_id, request, raw)
+        fault = await self.misbehave(target, rollout_id)
+        if isinstance(fault, Response):
+            call.status = fault.status_code
+            return call, None, fault
+        return call, fault, None
+
     async def misbehave(self, target: Target, rollout_id: str | None) -> Fault | Response | None:
         """Apply the next matching fault: stall, then answer with its status if it has one."""
         fault = self.take_fault(target, rollout_id)
@@ -257,11 +268,9 @@ def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         raw, rollout_id = await _json_body(request)
-        call = gate.arrive("chat", rollout_id, request, raw)
-        fault = await gate.misbehave("chat", rollout_id)
-        if isinstance(fault, Response):
-            call.status = fault.status_code
-            return fault
+        call, fault, answered = await gate.receive("chat", rollout_id, request, raw)
+        if answered is not None:
+            return answered
         try:
             body = CompletionsRequest.model_validate(raw)
         except ValidationError as exc:
@@ -279,11 +288,9 @@ def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
     @app.post("/v1/rollouts/{rollout_id}/chat/completions")
     async def openai_chat_completions(rollout_id: str, request: Request) -> Any:
         raw, _ = await _json_body(request)
-        call = gate.arrive("chat", rollout_id, request, raw)
-        fault = await gate.misbehave("chat", rollout_id)
-        if isinstance(fault, Response):
-            call.status = fault.status_code
-            return fault
+        call, _, answered = await gate.receive("chat", rollout_id, request, raw)
+        if answered is not None:
+            return answered
         if not isinstance(raw, dict) or not isinstance(raw.get("messages"), list):
             call.status = 400
             raise HTTPException(status_code=400, detail="invalid body")
@@ -301,11 +308,9 @@ def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
     @app.post("/v1/rollout/completed")
     async def rollout_completed(request: Request) -> Any:
         raw, rollout_id = await _json_body(request)
-        call = gate.arrive("completed", rollout_id, request, raw)
-        fault = await gate.misbehave("completed", rollout_id)
-        if isinstance(fault, Response):
-            call.status = fault.status_code
-            return fault
+        call, _, answered = await gate.receive("completed", rollout_id, request, raw)
+        if answered is not None:
+            return answered
         try:
             payload = RolloutResponse.model_validate(raw).model_dump(mode="json", exclude_none=True)
         except ValidationError as exc:

@@ -9,6 +9,7 @@ from typing import Any, Self
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from rollout_sdk.types.sample import (
+    ExecutionRequest,
     ExecutionResult,
     MessageDict,
     RolloutErrorCategory,
@@ -51,6 +52,18 @@ class RolloutInitRequest(BaseModel):
         if value == "":
             raise ValueError("llm_api_key must be omitted or a non-empty string")
         return value
+
+    def execution_request(self) -> ExecutionRequest:
+        """What a backend executes for this admission."""
+        return ExecutionRequest(
+            id=self.rollout_id,
+            prompt=self.initial_messages,
+            label=self.label,
+            metadata=self.metadata,
+            agent_timeout_sec=self.agent_timeout_sec,
+            grader_timeout_sec=self.grader_timeout_sec,
+            grade=self.grade,
+        )
 
 
 class RolloutInitResponse(BaseModel):
