@@ -4,6 +4,7 @@ rollout-fleet up --agent examples/calculator/server.py:agent_loop --mock-trainer
 rollout-fleet gateway --port 8000 --workers 2
 rollout-fleet worker --concurrency 100
 rollout-fleet mock-trainer --responder calculator
+rollout-fleet probe gateway --port 8000
 """
 
 from __future__ import annotations
@@ -27,7 +28,47 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("mock-trainer")(mock_trainer)
+probe = typer.Typer(help="Health probes for orchestrators: exit 0 if healthy, else 1.")
+app.add_typer(probe, name="probe")
 console = Console()
+
+
+@probe.command("gateway")
+def probe_gateway(
+    port: Annotated[int, typer.Option(help="Gateway port")] = 8000,
+    host: Annotated[str, typer.Option(help="Gateway host")] = "127.0.0.1",
+) -> None:
+    """The gateway is ready: its agent loaded and Redis answers (GET /ready)."""
+    from rollout_fleet import probe
+    from rollout_worker.settings import FleetSettings
+
+    key = FleetSettings().api_key
+    try:
+        readiness = probe.probe_gateway(
+            f"http://{host}:{port}", key.get_secret_value() if key else None
+        )
+    except probe.ProbeFailed as exc:
+        console.print(f"[red]unhealthy:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"ready: {readiness.workers} workers, {readiness.capacity} slots")
+
+
+@probe.command("worker")
+def probe_worker(
+    max_age: Annotated[
+        float, typer.Option(help="Seconds since the worker last proved it consumes")
+    ] = 30.0,
+) -> None:
+    """This host's worker is consuming: its liveness file is fresh."""
+    from rollout_fleet import probe
+    from rollout_worker.settings import FleetSettings
+
+    try:
+        age = probe.probe_worker(FleetSettings(), max_age)
+    except probe.ProbeFailed as exc:
+        console.print(f"[red]unhealthy:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"consuming (checked in {age:.0f}s ago)")
 
 
 @app.command()
@@ -56,7 +97,9 @@ def worker(
     concurrency: Annotated[
         int | None, typer.Option(help="Rollouts in flight in this process (default: settings)")
     ] = None,
-    name: Annotated[str, typer.Option(help="Celery node name")] = "worker@%h",
+    name: Annotated[
+        str | None, typer.Option(help="Celery node name (default: worker-<pid>@<host>)")
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
 ) -> None:
     """Run one worker process: a Celery consumer driving rollouts on one asyncio loop."""
@@ -74,7 +117,37 @@ def worker(
             "--without-gossip",
             "--without-mingle",
             f"--loglevel={loglevel}",
-            f"--hostname={name}",
+            f"--hostname={name or f'worker-{os.getpid()}@%h'}",
+        ]
+    )
+
+
+@app.command()
+def flower(
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 5555,
+    address: Annotated[str, typer.Option(help="Interface to bind")] = "0.0.0.0",
+    purge_offline_workers: Annotated[
+        int, typer.Option(help="Seconds after which a stopped worker leaves the dashboard")
+    ] = 60,
+    max_tasks: Annotated[int, typer.Option(help="Tasks Flower keeps in memory")] = 20_000,
+    tasks_columns: Annotated[
+        str, typer.Option(help="Columns of the Tasks page (args: the rollout id)")
+    ] = "name,args,state,received,started,runtime,worker,uuid",
+) -> None:
+    """Run the Flower dashboard on the fleet's Celery config; refuses to run without a login."""
+    from rollout_worker.celery_app import app as celery
+
+    if not (os.environ.get("FLOWER_BASIC_AUTH") or os.environ.get("FLOWER_AUTH_PROVIDER")):
+        console.print("[red]set FLOWER_BASIC_AUTH=user:password (or an OAuth provider)[/red]")
+        raise typer.Exit(2)
+    celery.start(
+        [
+            "flower",
+            f"--port={port}",
+            f"--address={address}",
+            f"--purge_offline_workers={purge_offline_workers}",
+            f"--max_tasks={max_tasks}",
+            f"--tasks_columns={tasks_columns}",
         ]
     )
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 from cryptography.fernet import Fernet
 
+from rollout_fleet.probe import probe_gateway
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
+from rollout_gateway.ready import Readiness
 
 
 def fleet_command(*args: str) -> list[str]:
@@ -124,17 +125,7 @@ class LocalFleet:
         if self.flower:
             self._spawn(
                 "flower",
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "rollout_worker.celery_app",
-                    "flower",
-                    f"--port={self.flower_port}",
-                    "--address=127.0.0.1",
-                    "--purge_offline_workers=60",
-                ],
+                fleet_command("flower", "--port", str(self.flower_port), "--address", "127.0.0.1"),
                 {**env, "FLOWER_BASIC_AUTH": self.flower_auth},
             )
         self.wait_ready(timeout)
@@ -144,12 +135,9 @@ class LocalFleet:
         key = self.env.get("ROLLOUT_FLEET_API_KEY")
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def live_workers(self) -> int:
-        client = redis.Redis.from_url(self.redis_url)
-        try:
-            return sum(1 for _ in client.scan_iter(f"{self.key_prefix}:worker:*"))
-        finally:
-            client.close()
+    def readiness(self, url: str | None = None) -> Readiness:
+        """A gateway's ``/ready`` (raises ``ProbeFailed`` unless it is ready)."""
+        return probe_gateway(url or self.gateway_url, self.env.get("ROLLOUT_FLEET_API_KEY"))
 
     def wait_ready(self, timeout: float) -> None:
         def all_alive() -> None:
@@ -161,14 +149,11 @@ class LocalFleet:
 
         def gateway_ready() -> bool:
             all_alive()
-            return all(
-                httpx.get(f"{url}/health", headers=self._auth(), timeout=2).status_code == 200
-                for url in self.gateway_urls
-            )
+            return all(self.readiness(url).ready for url in self.gateway_urls)
 
         def workers_ready() -> bool:
             all_alive()
-            return self.live_workers() >= self.workers
+            return self.readiness().workers >= self.workers
 
         wait_until(gateway_ready, timeout, "the gateway")
         wait_until(workers_ready, timeout, "the workers")

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rollout_gateway import v1
+from rollout_gateway import ready, v1
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
 from rollout_gateway.v2 import FleetRollouts
@@ -86,6 +86,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_exception_handler(RedisConnectionError, _store_unavailable)
     app.add_exception_handler(RedisTimeoutError, _store_unavailable)
+    app.include_router(ready.router)
     if speaks_v1:
         app.include_router(v1.router)
     else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 import uuid
@@ -143,11 +142,8 @@ class FleetRollouts(RolloutService):
         return cast(str, deployment)
 
     async def _capacity(self) -> int | None:
-        redis, keys = self.gateway.store.redis, self.gateway.store.keys
-        names = [name async for name in redis.scan_iter(keys.worker("*"))]
-        beats = await redis.mget(names) if names else []
-        total = sum(json.loads(beat)["concurrency"] for beat in beats if beat)
-        return total or None
+        workers = await self.gateway.store.live_workers()
+        return sum(worker["concurrency"] for worker in workers) or None
 
     async def _accepting(self) -> bool:
         fenced = await self.gateway.store.redis.exists(self.gateway.store.keys.draining)

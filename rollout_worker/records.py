@@ -7,7 +7,8 @@ body or lease digest, timestamps, attempt, lease owner and result. Sorted sets i
 * ``active``       record → admission time, while unfinished;
 * ``finished``     record → retention expiry, once finished;
 * ``poll-leases``  v2 record → the trainer's polling deadline;
-* ``v2-ids``       v2 rollout ids, for cancel by prefix.
+* ``v2-ids``       v2 rollout ids, for cancel by prefix;
+* ``workers``      worker → heartbeat expiry (s); each worker's status is ``worker:<owner>``.
 
 Status changes are published on ``<prefix>:changes`` (long-polls wake on them) and requests
 to stop an execution on ``<prefix>:stops``. Every key has a TTL. Statuses only move forward::
@@ -17,6 +18,7 @@ to stop an execution on ``<prefix>:stops``. Every key has a TTL. Statuses only m
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,6 +91,10 @@ class Keys:
 
     def worker(self, name: str) -> str:
         return f"{self.prefix}:worker:{name}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
 
     @property
     def leases(self) -> str:
@@ -259,6 +265,34 @@ class RecordStore:
 
     async def prune(self, inflight_ttl_ms: int) -> None:
         await self._run("prune", [], [inflight_ttl_ms])
+
+    # --- worker heartbeats --------------------------------------------------------------
+
+    async def beat(self, owner: str, status: Mapping[str, Any], ttl_seconds: int) -> None:
+        """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself)."""
+        now = time.time()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.worker(owner), json.dumps(status), ex=ttl_seconds)
+            pipe.zadd(self.keys.workers, {owner: now + ttl_seconds})
+            pipe.zremrangebyscore(self.keys.workers, "-inf", now)
+            pipe.expire(self.keys.workers, ttl_seconds)
+            await pipe.execute()
+
+    async def forget_worker(self, owner: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.worker(owner))
+            pipe.zrem(self.keys.workers, owner)
+            await pipe.execute()
+
+    async def live_workers(self) -> list[dict[str, Any]]:
+        """The latest status of every worker whose heartbeat has not lapsed."""
+        owners = cast(
+            list[str], await self.redis.zrangebyscore(self.keys.workers, time.time(), "+inf")
+        )
+        if not owners:
+            return []
+        beats = await self.redis.mget([self.keys.worker(owner) for owner in owners])
+        return [json.loads(beat) for beat in beats if beat]
 
     # --- fleet-wide counts (health) -----------------------------------------------------
 

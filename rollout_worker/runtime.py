@@ -7,18 +7,19 @@ process's event loop, with one Redis pool and one HTTP pool shared by every roll
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 from celery import Celery
 from celery.worker import state as worker_state
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from rollout_sdk.client import new_http_client
 from rollout_sdk.config import get_settings
@@ -36,6 +37,8 @@ from rollout_worker.sweeper import Sweeper
 logger = logging.getLogger(__name__)
 
 REVOKE_CHECK_SECONDS = 0.5
+# Celery's consumer sends a heartbeat event every 2 s while it is connected and consuming.
+CONSUMER_SILENCE_SECONDS = 10.0
 
 
 class WorkerRuntime:
@@ -48,6 +51,8 @@ class WorkerRuntime:
         self.concurrency = concurrency
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.ready = False
+        self._consumer_seen = -CONSUMER_SILENCE_SECONDS
+        self._alive_file = Path(settings.worker_alive_file)
         self._loop = LoopThread()
         self._background: list[asyncio.Task[None]] = []
         self._redis: Redis | None = None
@@ -114,6 +119,12 @@ class WorkerRuntime:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.to_thread(self._alive_file.unlink, missing_ok=True)
+        if self._executor is not None:
+            try:
+                await self._executor.store.forget_worker(self.owner)
+            except RedisError:
+                logger.warning("could not withdraw this worker's heartbeat; it lapses by itself")
         if self._http is not None:
             await self._http.aclose()
         if self._redis is not None:
@@ -121,20 +132,28 @@ class WorkerRuntime:
 
     async def _heartbeat(self) -> None:
         assert self._executor is not None
-        assert self._redis is not None
         await self._executor.renew_leases()
-        if self.ready:
-            key = self._executor.store.keys.worker(self.owner)
-            status = {
-                "owner": self.owner,
-                "pid": os.getpid(),
-                "concurrency": self.concurrency,
-                "inflight": len(self._executor.held),
-                "at": time.time(),
-            }
-            await self._redis.set(
-                key, json.dumps(status), ex=max(3, int(self.settings.lease_seconds))
-            )
+        if not self.ready:
+            return
+        status = {
+            "owner": self.owner,
+            "pid": os.getpid(),
+            "concurrency": self.concurrency,
+            "inflight": len(self._executor.held),
+            "at": time.time(),
+        }
+        await self._executor.store.beat(
+            self.owner, status, max(3, int(self.settings.lease_seconds))
+        )
+        if self.consuming():
+            await asyncio.to_thread(self._alive_file.touch)
+
+    def consumer_beat(self) -> None:
+        """Celery's consumer sent a heartbeat event: its loop turns and the broker answers."""
+        self._consumer_seen = time.monotonic()
+
+    def consuming(self) -> bool:
+        return time.monotonic() - self._consumer_seen < CONSUMER_SILENCE_SECONDS
 
     async def _cancel_revoked(self) -> None:
         """Flower's Revoke (and ``celery control revoke``) cancels that rollout's task only."""

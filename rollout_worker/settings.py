@@ -8,6 +8,8 @@ configure the fleet the way they configured a single rollout server.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from functools import cached_property
 
 from pydantic import AliasChoices, Field, SecretStr
@@ -17,7 +19,10 @@ from rollout_sdk.config import get_settings
 
 
 class FleetSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_FLEET_", env_file=".env", extra="ignore")
+    # env_ignore_empty: `ROLLOUT_FLEET_API_KEY=` in a compose .env means "unset", not "".
+    model_config = SettingsConfigDict(
+        env_prefix="ROLLOUT_FLEET_", env_file=".env", extra="ignore", env_ignore_empty=True
+    )
 
     redis_url: SecretStr = Field(
         SecretStr("redis://127.0.0.1:6379/0"),
@@ -93,6 +98,11 @@ class FleetSettings(BaseSettings):
         "and kept in Redis (obfuscation only).",
     )
     debug_dir: str | None = Field(None, description="Write v1 debug traces (ctx.log_event) here.")
+    worker_alive_file: str = Field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "rollout-worker.alive"),
+        description="Touched while the worker consumes and its loop and Redis answer "
+        "(``rollout-fleet probe worker`` checks its age). Default: $TMPDIR/rollout-worker.alive.",
+    )
 
     @cached_property
     def concurrency(self) -> int:

@@ -50,6 +50,12 @@ def _mark_ready(**_: Any) -> None:
         _runtime.mark_ready()
 
 
+@signals.heartbeat_sent.connect
+def _consumer_beat(**_: Any) -> None:
+    if _runtime is not None:
+        _runtime.consumer_beat()
+
+
 @signals.worker_shutdown.connect
 def _stop_runtime(**_: Any) -> None:
     if _runtime is not None:

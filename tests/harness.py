@@ -3,8 +3,12 @@ and a handle on a running fleet (its gateway, its Redis database, its process lo
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,7 @@ import httpx
 import redis
 
 from rollout_fleet.local import LocalFleet
+from rollout_sdk.client import RolloutClient
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTED_AGENT = f"{REPO / 'tests/agents/scripted_v1.py'}:agent_loop"
@@ -35,6 +40,66 @@ def v1_body(server_url: str, rollout_id: str | None = None, **fields: Any) -> di
     }
     body.update(fields)
     return body
+
+
+def calculator_bodies(server_url: str, count: int, **fields: Any) -> list[dict[str, Any]]:
+    """``count`` v1 rollouts over the calculator dataset; every 10th has a wrong ground truth."""
+    rows = [json.loads(line) for line in CALCULATOR_DATASET.read_text().splitlines()]
+    bodies = []
+    for index in range(count):
+        row = rows[index % len(rows)]
+        truth = row["ground_truth"] if index % 10 else "-1"
+        bodies.append(
+            v1_body(
+                server_url,
+                new_id(f"calc{index}"),
+                messages=[
+                    {"role": "system", "content": row["system_prompt"]},
+                    {"role": "user", "content": row["user_prompt"]},
+                ],
+                completion_params={"temperature": 0.7, "max_tokens": 256},
+                metadata={"ground_truth": truth},
+                **fields,
+            )
+        )
+    return bodies
+
+
+def admit_all(gateway: httpx.Client, bodies: list[dict[str, Any]]) -> None:
+    """Admit v1 rollouts 16 at a time; every one must be accepted."""
+    with ThreadPoolExecutor(16) as pool:
+        statuses = Counter(
+            pool.map(lambda body: gateway.post("/v1/rollout/init", json=body).status_code, bodies)
+        )
+    assert statuses == {202: len(bodies)}
+
+
+async def run_v2_dataset(
+    gateway_url: str, trainer_url: str, example: Path, count: int, api_key: str | None = None
+) -> dict[str, tuple[dict[str, Any], str]]:
+    """``count`` v2 rollouts over ``example``'s dataset through a trainer client, every 10th
+    with a wrong label: ``{rollout id: (final result, label)}``."""
+    dataset = [json.loads(line) for line in (example / "test_data.jsonl").read_text().splitlines()]
+
+    async def one(index: int, client: RolloutClient) -> tuple[str, dict[str, Any], str]:
+        row = dataset[index % len(dataset)]
+        label = row["ground_truth"] if index % 10 else "-1"
+        rollout_id = new_id(f"{example.name}{index}")
+        result = await client.run_rollout(
+            initial_messages=[
+                {"role": "system", "content": row["system_prompt"]},
+                {"role": "user", "content": row["user_prompt"]},
+            ],
+            chat_completions_url=f"{trainer_url}/v1/rollouts/{rollout_id}",
+            rollout_id=rollout_id,
+            llm_api_key=f"key-{rollout_id}",
+            label=label,
+        )
+        return rollout_id, result.model_dump(mode="json"), label
+
+    async with RolloutClient(url=gateway_url, api_key=api_key) as client:
+        done = await asyncio.gather(*(one(i, client) for i in range(count)))
+    return {rollout_id: (result, label) for rollout_id, result, label in done}
 
 
 def script(*steps: dict[str, Any], **metadata: Any) -> dict[str, Any]:

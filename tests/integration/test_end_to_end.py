@@ -3,14 +3,11 @@ correct rewards, exactly one completion callback per rollout id, records expirin
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from tests.conftest import module_fleet
-from tests.harness import CALCULATOR_AGENT, CALCULATOR_DATASET, FleetUnderTest, new_id
+from tests.harness import CALCULATOR_AGENT, FleetUnderTest, admit_all, calculator_bodies
 
 RETENTION_SECONDS = 8
 
@@ -23,37 +20,10 @@ calculator = module_fleet(
 )
 
 
-def dataset_bodies(fleet: FleetUnderTest, count: int) -> list[dict[str, Any]]:
-    """``count`` rollouts over the dataset; every 10th carries a wrong ground truth."""
-    rows = [json.loads(line) for line in CALCULATOR_DATASET.read_text().splitlines()]
-    bodies = []
-    for index in range(count):
-        row = rows[index % len(rows)]
-        truth = row["ground_truth"] if index % 10 else "-1"
-        bodies.append(
-            fleet.body(
-                new_id(f"calc{index}"),
-                messages=[
-                    {"role": "system", "content": row["system_prompt"]},
-                    {"role": "user", "content": row["user_prompt"]},
-                ],
-                completion_params={"temperature": 0.7, "max_tokens": 256},
-                metadata={"ground_truth": truth},
-            )
-        )
-    return bodies
-
-
-def admit_all(fleet: FleetUnderTest, bodies: list[dict[str, Any]]) -> None:
-    with ThreadPoolExecutor(16) as pool:
-        statuses = Counter(pool.map(lambda body: fleet.init(body).status_code, bodies))
-    assert statuses == {202: len(bodies)}
-
-
 def test_200_rollouts_complete_once_with_correct_rewards(calculator: FleetUnderTest) -> None:
-    bodies = dataset_bodies(calculator, 200)
+    bodies = calculator_bodies(calculator.trainer.url, 200)
     ids = [b["rollout_id"] for b in bodies]
-    admit_all(calculator, bodies)
+    admit_all(calculator.http, bodies)
     deliveries = calculator.wait_delivered(ids, timeout=120)
 
     for body in bodies:
@@ -77,8 +47,8 @@ def test_200_rollouts_complete_once_with_correct_rewards(calculator: FleetUnderT
 
 
 def test_records_expire_on_schedule(calculator: FleetUnderTest) -> None:
-    bodies = dataset_bodies(calculator, 20)
-    admit_all(calculator, bodies)
+    bodies = calculator_bodies(calculator.trainer.url, 20)
+    admit_all(calculator.http, bodies)
     calculator.wait_delivered([b["rollout_id"] for b in bodies])
     keys = [calculator.record_key(b["rollout_id"]) for b in bodies]
     for body in bodies:

@@ -5,16 +5,13 @@ and every LLM call checked at the mock TrainGate."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from rollout_sdk.client import RolloutClient
 from tests.conftest import V2_ENV, StartFleet
-from tests.harness import REPO, V2FleetUnderTest, new_id
+from tests.harness import REPO, V2FleetUnderTest, new_id, run_v2_dataset
 
 EXAMPLES = {
     "strands": REPO / "examples/strands_multiply",
@@ -39,44 +36,13 @@ def framework(
     handle.close()
 
 
-def rows(name: str) -> list[dict[str, str]]:
-    return [
-        json.loads(line) for line in (EXAMPLES[name] / "test_data.jsonl").read_text().splitlines()
-    ]
-
-
-async def run_dataset(
-    fleet: V2FleetUnderTest, name: str, count: int
-) -> dict[str, tuple[dict[str, Any], str]]:
-    """``count`` rollouts over the dataset, every 10th with a wrong label: {id: (result, label)}."""
-    dataset = rows(name)
-
-    async def one(index: int, client: RolloutClient) -> tuple[str, dict[str, Any], str]:
-        row = dataset[index % len(dataset)]
-        label = row["ground_truth"] if index % 10 else "-1"
-        rollout_id = new_id(f"{name}{index}")
-        result = await client.run_rollout(
-            initial_messages=[
-                {"role": "system", "content": row["system_prompt"]},
-                {"role": "user", "content": row["user_prompt"]},
-            ],
-            chat_completions_url=f"{fleet.trainer.url}/v1/rollouts/{rollout_id}",
-            rollout_id=rollout_id,
-            llm_api_key=f"key-{rollout_id}",
-            label=label,
-        )
-        return rollout_id, result.model_dump(mode="json"), label
-
-    async with RolloutClient(url=fleet.fleet.gateway_url) as client:
-        done = await asyncio.gather(*(one(i, client) for i in range(count)))
-    return {rollout_id: (result, label) for rollout_id, result, label in done}
-
-
 def test_200_rollouts_with_correct_rewards_and_well_formed_llm_calls(
     framework: tuple[str, V2FleetUnderTest],
 ) -> None:
     name, fleet = framework
-    results = asyncio.run(run_dataset(fleet, name, 200))
+    results = asyncio.run(
+        run_v2_dataset(fleet.fleet.gateway_url, fleet.trainer.url, EXAMPLES[name], 200)
+    )
     assert len(results) == 200
     for rollout_id, (result, label) in results.items():
         assert result["status"] == "success", result
