@@ -15,7 +15,8 @@ import pytest
 from tests.conftest import V2_ENV, StartFleet
 from tests.harness import REPO, V2FleetUnderTest
 
-DOCS = REPO.parent / "shared" / "reference"
+DOCS = REPO / "tests" / "reference_docs"  # verbatim copies of the shared seed documents
+SHARED_DOCS = REPO.parent / "shared" / "reference"
 AGENTS = REPO / "tests" / "agents"
 MARK = "# --- verbatim from here ---\n"
 
@@ -30,6 +31,12 @@ EXAMPLES = {
     "reference_004/example_custom_config.py": ("004_c0db105f2916056e.txt", "from osmosis_ai.rollout import (\n    AgentWorkflow,\n    AgentWorkflowConfig,\n    AgentWorkflowContext,\n    ConcurrencyConfig,", False),
     "reference_004/example_tools.py": ("004_c0db105f2916056e.txt", "from typing import Any\n\nfrom strands import tool", False),
 }  # fmt: skip
+
+
+@pytest.mark.skipif(not SHARED_DOCS.is_dir(), reason="no shared workspace next to this clone")
+def test_the_copied_documents_are_the_shared_ones() -> None:
+    for document in SHARED_DOCS.glob("*.txt"):
+        assert (DOCS / document.name).read_bytes() == document.read_bytes(), document.name
 
 
 def example_code(path: str) -> str:
