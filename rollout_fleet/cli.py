@@ -76,10 +76,14 @@ def gateway(
     host: Annotated[str, typer.Option(help="Interface to bind")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
     workers: Annotated[int, typer.Option(help="Gateway processes sharing the port")] = 1,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    log_level: Annotated[
+        str | None, typer.Option(help="uvicorn log level (default: ROLLOUT_FLEET_LOG_LEVEL)")
+    ] = None,
 ) -> None:
     """Run the HTTP gateway (admission, health) for the agent named by AGENT."""
     import uvicorn
+
+    from rollout_worker.settings import FleetSettings
 
     uvicorn.run(
         "rollout_gateway.app:create_app",
@@ -87,7 +91,7 @@ def gateway(
         host=host,
         port=port,
         workers=workers,
-        log_level=log_level,
+        log_level=log_level or FleetSettings().log_level,
         timeout_keep_alive=75,
     )
 
@@ -100,7 +104,9 @@ def worker(
     name: Annotated[
         str | None, typer.Option(help="Celery node name (default: worker-<pid>@<host>)")
     ] = None,
-    loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
+    loglevel: Annotated[
+        str | None, typer.Option(help="Celery log level (default: ROLLOUT_FLEET_LOG_LEVEL)")
+    ] = None,
 ) -> None:
     """Run one worker process: a Celery consumer driving rollouts on one asyncio loop."""
     from rollout_worker.celery_app import app as celery
@@ -116,7 +122,7 @@ def worker(
             "--task-events",
             "--without-gossip",
             "--without-mingle",
-            f"--loglevel={loglevel}",
+            f"--loglevel={(loglevel or settings.log_level).upper()}",
             f"--hostname={name or f'worker-{os.getpid()}@%h'}",
         ]
     )
@@ -219,9 +225,12 @@ def up(
     try:
         fleet.start()
         _print_fleet(fleet, redis_url)
-        while all(process.alive() for process in fleet.processes.values()):
+        dead: list[str] = []
+        while not dead:
             time.sleep(0.5)
-        dead = [p.name for p in fleet.processes.values() if not p.alive()]
+            for name in fleet.restart_dead_workers():
+                console.print(f"[yellow]{name} exited; restarted it[/yellow]")
+            dead = [p.name for p in fleet.processes.values() if not p.alive()]
         console.print(f"[red]{', '.join(dead)} stopped; shutting the fleet down[/red]")
         raise typer.Exit(1)
     except KeyboardInterrupt:

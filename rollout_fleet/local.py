@@ -98,6 +98,19 @@ class LocalFleet:
             argv += ["--concurrency", str(self.concurrency)]
         return self._spawn(f"worker-{index}", argv, env or self.process_env())
 
+    def restart_dead_workers(self) -> list[str]:
+        """What a supervisor (compose's restart policy) does: start dead workers again. A
+        worker exits by itself when an agent blocked its event loop (it recycles itself)."""
+        dead = [
+            name
+            for name, process in self.processes.items()
+            if name.startswith("worker-") and not process.alive()
+        ]
+        for name in dead:
+            self.processes[name].stop()  # reaps it, closes its log
+            self.start_worker(int(name.removeprefix("worker-")))
+        return dead
+
     def start_gateway(self, env: dict[str, str] | None = None, index: int = 1) -> ManagedProcess:
         port = self.gateway_port if index == 1 else self.extra_gateway_ports[index - 2]
         argv = fleet_command("gateway", "--port", str(port), "--workers", str(self.gateway_workers))
@@ -163,7 +176,11 @@ class LocalFleet:
             wait_until(lambda: port_open(self.mock_trainer_port), timeout, "the mock TrainGate")
 
     def stop(self) -> None:
-        for process in reversed(list(self.processes.values())):
+        """Every process shuts down at once; then each is waited for (killed if it hangs)."""
+        processes = list(self.processes.values())
+        for process in processes:
+            process.terminate()
+        for process in processes:
             process.stop()
 
     def speaks_v2(self) -> bool:

@@ -55,10 +55,12 @@ class ManagedProcess:
     cwd: Path | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _log: IO[bytes] | None = field(default=None, init=False)
+    _terminated: bool = field(default=False, init=False)
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
+        self._terminated = False
         self.process = subprocess.Popen(
             list(self.argv),
             env=dict(self.env),
@@ -82,12 +84,18 @@ class ManagedProcess:
             assert self.process is not None
             os.kill(self.process.pid, signum)
 
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one makes uvicorn and Celery skip their clean shutdown."""
+        if not self._terminated:
+            self._terminated = True
+            self.signal(signal.SIGTERM)
+
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``grace`` seconds; returns the exit code."""
         if self.process is None:
             return None
         if self.alive():
-            self.signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.process.wait(grace)
             except subprocess.TimeoutExpired:

@@ -27,6 +27,15 @@ def redis_server_binary() -> str:
     return binary
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for a TLS-only redis-server: the CA clients trust, its certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
 @dataclass
 class RedisServer:
     """A redis-server on a free loopback port, in its own temporary directory."""
@@ -35,6 +44,8 @@ class RedisServer:
     appendonly: bool = False
     password: str | None = None
     databases: int = 16
+    tls: TlsFiles | None = None  # serve TLS only (rediss://); needs a binary built with TLS
+    binary: str = field(default_factory=redis_server_binary)
     data_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rollout-redis-")))
     process: ManagedProcess | None = None
 
@@ -44,13 +55,21 @@ class RedisServer:
 
     def url_for(self, database: int) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls is not None:
+            verify = f"ssl_cert_reqs=required&ssl_ca_certs={self.tls.ca}"
+            return f"rediss://{auth}127.0.0.1:{self.port}/{database}?{verify}"
         return f"redis://{auth}127.0.0.1:{self.port}/{database}"
 
     def argv(self) -> list[str]:
+        if self.tls is None:
+            ports = ["--port", str(self.port)]
+        else:
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            ports += ["--tls-ca-cert-file", str(self.tls.ca)]
+            ports += ["--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key)]
         argv = [
-            redis_server_binary(),
-            "--port",
-            str(self.port),
+            self.binary,
+            *ports,
             "--bind",
             "127.0.0.1",
             "--dir",
@@ -82,4 +101,4 @@ class RedisServer:
             self.process.stop(grace=5)
 
 
-__all__ = ["RedisServer", "redis_server_binary"]
+__all__ = ["RedisServer", "TlsFiles", "redis_server_binary"]

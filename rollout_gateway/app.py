@@ -16,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollout_gateway import ready, v1
+from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
 from rollout_gateway.v2 import FleetRollouts
@@ -26,7 +28,7 @@ from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import load_agent
 from rollout_sdk.server.http import install_error_handlers
-from rollout_sdk.server.v2_http import RolloutService, require_bearer, v2_router
+from rollout_sdk.server.v2_http import QUEUE_FULL, RolloutService, require_bearer, v2_router
 from rollout_worker import celery_app
 from rollout_worker.records import RecordStore, connect
 from rollout_worker.secrets import load_secret_box
@@ -37,6 +39,21 @@ async def _store_unavailable(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(
         status_code=503,
         content={"detail": f"rollout store unavailable ({type(exc).__name__}); retry later"},
+        headers={"Retry-After": "5"},
+    )
+
+
+async def _store_full(request: Request, exc: Exception) -> JSONResponse:
+    """Redis at ``maxmemory`` refuses writes (Redis 7 says so as OOM; Redis 6 wraps it in a
+    script error): a v2 admission is told the queue is full (its client waits and retries),
+    anything else that the store is. Any other error reply is a bug: a 500."""
+    if not isinstance(exc, OutOfMemoryError) and "OOM command not allowed" not in str(exc):
+        raise exc
+    if request.method == "POST" and request.url.path == "/rollout":
+        return JSONResponse({"detail": QUEUE_FULL}, status_code=429, headers={"Retry-After": "5"})
+    return JSONResponse(
+        status_code=503,
+        content={"detail": "rollout store is full (Redis maxmemory); retry later"},
         headers={"Retry-After": "5"},
     )
 
@@ -84,15 +101,17 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
 
     app = FastAPI(title=f"Rollout Fleet gateway ({agent.name})", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes)
     app.add_exception_handler(RedisConnectionError, _store_unavailable)
     app.add_exception_handler(RedisTimeoutError, _store_unavailable)
-    app.include_router(ready.router)
+    app.add_exception_handler(ResponseError, _store_full)
+    app.include_router(ready.router, responses=ERROR_RESPONSES)
     if speaks_v1:
-        app.include_router(v1.router)
+        app.include_router(v1.router, responses=ERROR_RESPONSES)
     else:
         if settings.api_key is not None:
             require_bearer(app, settings.api_key.get_secret_value())
-        app.include_router(v2_router(_rollouts))
+        app.include_router(v2_router(_rollouts), responses=ERROR_RESPONSES)
     return app
 
 

@@ -15,8 +15,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from rollout_gateway.state import GatewayDep
+from rollout_gateway.state import AuthorizationHeader, GatewayDep
 from rollout_sdk.core.base import RolloutAgentLoop
+from rollout_sdk.server.http import INVALID_KEY_DETAIL, require_v1_key
 
 READY_PATH = "/ready"
 REDIS_CHECK_SECONDS = 3.0
@@ -39,9 +40,13 @@ class Readiness(BaseModel):
 @router.get(
     READY_PATH,
     response_model=Readiness,
-    responses={503: {"model": Readiness, "description": "Redis does not answer"}},
+    responses={
+        401: {"description": INVALID_KEY_DETAIL},
+        503: {"model": Readiness, "description": "Redis does not answer"},
+    },
 )
-async def ready(gateway: GatewayDep) -> JSONResponse:
+async def ready(gateway: GatewayDep, authorization: AuthorizationHeader = None) -> JSONResponse:
+    require_v1_key(authorization, gateway.api_key)  # v2 gateways checked it already
     readiness = Readiness(
         ready=False,
         agent=gateway.agent.name,

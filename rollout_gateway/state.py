@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from celery import Celery
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
@@ -45,6 +45,7 @@ def _gateway(request: Request) -> Gateway:
 
 
 GatewayDep = Annotated[Gateway, Depends(_gateway)]
+AuthorizationHeader = Annotated[str | None, Header()]
 
 
-__all__ = ["Gateway", "GatewayDep"]
+__all__ = ["AuthorizationHeader", "Gateway", "GatewayDep"]

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 
-from rollout_gateway.state import Gateway, GatewayDep
+from rollout_gateway.limits import check_trainer_url
+from rollout_gateway.state import AuthorizationHeader, Gateway, GatewayDep
 from rollout_sdk.core.schemas import HealthResponse, InitResponse, RolloutRequest
 from rollout_sdk.runner import PreparedRollout, ToolsError, prepare_rollout
 from rollout_sdk.server.http import INVALID_KEY_DETAIL, require_platform_key, require_v1_key
@@ -32,8 +32,6 @@ router = APIRouter(tags=["v1"])
 PENDING_MARGIN_SECONDS = 5.0
 _FIRST_WAIT_SECONDS = 0.005
 _MAX_WAIT_SECONDS = 0.1
-
-AuthorizationHeader = Annotated[str | None, Header()]
 
 
 def _accepted(body: str) -> Response:
@@ -101,6 +99,10 @@ async def init_rollout(
     request: RolloutRequest, gateway: GatewayDep, authorization: AuthorizationHeader = None
 ) -> Response:
     require_v1_key(authorization, gateway.api_key)  # after body validation, as the reference
+    allowed = gateway.settings.allowed_trainer_urls
+    check_trainer_url("server_url", request.server_url, allowed)
+    if request.tool_server_url is not None:
+        check_trainer_url("tool_server_url", request.tool_server_url, allowed)
     return await admit(gateway, request)
 
 

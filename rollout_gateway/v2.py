@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import cast
 
+from rollout_gateway.limits import check_trainer_url
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
 from rollout_sdk.server.rollout_server import INSTANCE_ID_ENV
@@ -64,6 +65,8 @@ class FleetRollouts(RolloutService):
         if self.shutting_down:
             raise ServerDraining
         gateway = self.gateway
+        allowed = gateway.settings.allowed_trainer_urls
+        check_trainer_url("chat_completions_url", request.chat_completions_url, allowed)
         token = new_lease_token()
         record = self._record(request.rollout_id)
         outcome = await gateway.store.admit_v2(
@@ -73,7 +76,8 @@ class FleetRollouts(RolloutService):
             poll_lease_ms=self._lease_ms,
             ttl_ms=int(gateway.settings.inflight_ttl_seconds * 1000),
             message=task_message(gateway.celery, record, request.rollout_id, gateway.store.queue),
-            fields=v2.admission_fields(request, lease_digest(token), gateway.box),
+            lease_digest=lease_digest(token),
+            fields=v2.admission_fields(request, gateway.box),
         )
         if outcome in _REFUSALS:
             raise _REFUSALS[outcome]

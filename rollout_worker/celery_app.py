@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from celery import Celery
 
+from rollout_worker.broker import TRANSPORT
+from rollout_worker.envelope import UNACKED_INDEX_KEY, UNACKED_KEY
 from rollout_worker.settings import FleetSettings
 
 settings = FleetSettings()
@@ -20,17 +22,19 @@ settings = FleetSettings()
 app = Celery("rollout_fleet", include=["rollout_worker.tasks"])
 app.conf.update(
     broker_url=settings.redis_dsn,
+    broker_transport=TRANSPORT,  # kombu's Redis transport, hardened (broker.py)
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,
     broker_transport_options={
         "visibility_timeout": settings.visibility_timeout_seconds,
+        "unacked_key": UNACKED_KEY,
+        "unacked_index_key": UNACKED_INDEX_KEY,
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
         "socket_timeout": 30,
         "socket_connect_timeout": 5,
         "socket_keepalive": True,
         "health_check_interval": 25,
-        "retry_on_timeout": True,
     },
     visibility_timeout=settings.visibility_timeout_seconds,
     # Our Redis records are the results; Celery's backend would only duplicate them.

@@ -13,11 +13,15 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from typing import Any
 
 from celery import Celery
 from kombu.serialization import dumps
 
 TASK_NAME = "rollout.run"
+# Where kombu's Redis transport keeps the messages workers took and have not acked yet.
+UNACKED_KEY = "unacked"  # delivery tag → [message, exchange, routing key]
+UNACKED_INDEX_KEY = "unacked_index"  # delivery tag → when it was taken (epoch seconds)
 _TASK_ID_NAMESPACE = uuid.UUID("6a1f3a4e-8d5c-4f53-9a0b-3c2f1e7d9b10")
 
 
@@ -60,4 +64,35 @@ def task_message(app: Celery, record_key: str, label: str, queue: str) -> str:
     )
 
 
-__all__ = ["TASK_NAME", "task_id_for", "task_message"]
+def record_of_message(raw: str) -> str | None:
+    """The record key a queued message is for (``None`` if it is not a rollout's)."""
+    try:
+        return _record_of(json.loads(raw))
+    except (ValueError, LookupError, TypeError):
+        return None
+
+
+def record_of_delivery(entry: str) -> str | None:
+    """The record key of an ``UNACKED_KEY`` entry (``None`` if it is not a rollout's)."""
+    try:
+        return _record_of(json.loads(entry)[0])
+    except (ValueError, LookupError, TypeError):
+        return None
+
+
+def _record_of(message: dict[str, Any]) -> str | None:
+    if message["headers"]["task"] != TASK_NAME:
+        return None
+    args = json.loads(base64.b64decode(message["body"]))[0]
+    return str(args[0])
+
+
+__all__ = [
+    "TASK_NAME",
+    "UNACKED_INDEX_KEY",
+    "UNACKED_KEY",
+    "record_of_delivery",
+    "record_of_message",
+    "task_id_for",
+    "task_message",
+]

@@ -20,14 +20,14 @@ T = TypeVar("T")
 class LoopThread:
     def __init__(self, name: str = "rollout-loop") -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
     def start(self) -> None:
-        self._thread.start()
+        self.thread.start()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -39,7 +39,7 @@ class LoopThread:
     def stop(self, timeout: float = 10.0) -> None:
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout)
+            self.thread.join(timeout)
 
 
 __all__ = ["LoopThread"]

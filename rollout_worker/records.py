@@ -8,16 +8,20 @@ body or lease digest, timestamps, attempt, lease owner and result. Sorted sets i
 * ``finished``     record → retention expiry, once finished;
 * ``poll-leases``  v2 record → the trainer's polling deadline;
 * ``v2-ids``       v2 rollout ids, for cancel by prefix;
-* ``workers``      worker → heartbeat expiry (s); each worker's status is ``worker:<owner>``.
+* ``workers``      worker → heartbeat expiry (s); each worker's status is ``worker:<owner>``;
+* ``turn:<chore>``  held by the one worker doing a fleet-wide chore this period;
+* ``lost-suspects`` rollouts the last check found waiting without a message.
 
 Status changes are published on ``<prefix>:changes`` (long-polls wake on them) and requests
-to stop an execution on ``<prefix>:stops``. Every key has a TTL. Statuses only move forward::
+to stop an execution on ``<prefix>:stops``. Every record (and worker heartbeat) has a TTL;
+index entries go when their records do (``prune.lua``). Statuses only move forward::
 
     admitting → queued → running (→ grading) (→ delivering) → success | failure | cancelled
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Mapping
@@ -27,15 +31,36 @@ from importlib import resources
 from typing import Any, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from rollout_worker.envelope import (
+    UNACKED_INDEX_KEY,
+    UNACKED_KEY,
+    record_of_delivery,
+    record_of_message,
+)
 
 POOL_WAIT_SECONDS = 10.0
+# A broken connection is retried for about 10 s (0.1 s doubling to 2 s): a restarting Redis
+# or a cut connection costs a pause, not a failed rollout. Every script tolerates running
+# twice when its first reply was lost (a repeat finds the change made and says so).
+RECONNECT = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=8)
 
 
 def connect(url: str, max_connections: int) -> Redis:
-    """A client whose pool makes callers wait for a free connection instead of failing."""
+    """A client that reconnects and retries through connection failures, and whose pool
+    makes callers wait for a free connection instead of failing."""
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=POOL_WAIT_SECONDS, decode_responses=True
+        url,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_SECONDS,
+        decode_responses=True,
+        retry=RECONNECT,
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
     return Redis(connection_pool=pool)
 
@@ -52,6 +77,7 @@ class Status(StrEnum):
 
 
 TERMINAL = frozenset({Status.SUCCESS, Status.FAILURE, Status.CANCELLED})
+WAITING = frozenset({Status.QUEUED, Status.DELIVERING})  # when not leased: needs a worker
 
 
 class Verdict(StrEnum):
@@ -61,6 +87,7 @@ class Verdict(StrEnum):
     DELIVERING = "delivering"  # a result is stored; deliver it
     CANCELLED = "cancelled"  # cancellation was requested: record that, do not run
     EXHAUSTED = "exhausted"  # too many attempts: fail the rollout
+    ABANDONED = "abandoned"  # a worker gave it up (``abandon_reason``): fail the rollout
     BUSY = "busy"  # another live worker holds it (a duplicate delivery)
     DONE = "done"  # already finished
     MISSING = "missing"  # no such record (expired)
@@ -191,10 +218,19 @@ class RecordStore:
         poll_lease_ms: int,
         ttl_ms: int,
         message: str,
+        lease_digest: str,
         fields: Mapping[str, Any],
     ) -> str:
         """``'queued'``, or why not: ``'draining'``, ``'full'``, ``'duplicate'``."""
-        args = [max_queued, poll_lease_ms, ttl_ms, rollout_id, message, *_flatten(fields)]
+        args = [
+            max_queued,
+            poll_lease_ms,
+            ttl_ms,
+            rollout_id,
+            message,
+            lease_digest,
+            *_flatten(fields),
+        ]
         return cast(str, await self._run("admit_v2", [record, self.queue], args))
 
     async def poll(
@@ -219,8 +255,11 @@ class RecordStore:
 
     # --- execution (workers) ------------------------------------------------------------
 
-    async def claim(self, record: str, owner: str, lease_ms: int, max_attempts: int) -> Claim:
-        reply = await self._run("claim", [record], [owner, lease_ms, max_attempts])
+    async def claim(
+        self, record: str, owner: str, worker: str, lease_ms: int, max_attempts: int
+    ) -> Claim:
+        """Take ``record`` under the lease ``owner`` (one execution) for ``worker``."""
+        reply = await self._run("claim", [record], [owner, worker, lease_ms, max_attempts])
         verdict = Verdict(reply[0])
         if len(reply) == 1:
             return Claim(verdict)
@@ -230,11 +269,13 @@ class RecordStore:
         )
 
     async def renew(
-        self, owner: str, records: list[str], lease_ms: int, inflight_ttl_ms: int
+        self, leases: Mapping[str, str], lease_ms: int, inflight_ttl_ms: int
     ) -> list[str]:
-        if not records:
+        """Extend each ``owner → record`` lease still held; returns the owners that lost."""
+        if not leases:
             return []
-        return list(await self._run("renew", records, [owner, lease_ms, inflight_ttl_ms]))
+        args = [lease_ms, inflight_ttl_ms, *leases]
+        return list(await self._run("renew", list(leases.values()), args))
 
     async def finish(
         self,
@@ -249,6 +290,12 @@ class RecordStore:
         args = [owner, status.value, result, ttl_ms, *_flatten(fields or {})]
         return bool(await self._run("finish", [record], args))
 
+    async def release(self, record: str, owner: str, message: str, abandon: str = "") -> bool:
+        """Give a rollout this worker runs back to the queue now; ``owner=""``: one it took but
+        never started. ``abandon``: the reason to fail it with instead of running it again."""
+        args = [owner, message, abandon]
+        return bool(await self._run("release", [record, self.queue], args))
+
     async def load(self, record: str) -> dict[str, str]:
         return cast(dict[str, str], await self.redis.hgetall(record))
 
@@ -256,6 +303,81 @@ class RecordStore:
 
     async def expired(self, limit: int) -> list[str]:
         return list(await self._run("expired", [], [limit]))
+
+    async def stale_deliveries(self, taken_before: float, limit: int) -> list[tuple[str, str]]:
+        """(delivery tag, record) of rollout messages workers took before ``taken_before``
+        (epoch seconds) and still hold unacknowledged."""
+        tags = cast(
+            list[str],
+            await self.redis.zrangebyscore(
+                UNACKED_INDEX_KEY, "-inf", taken_before, start=0, num=limit
+            ),
+        )
+        entries = cast(list[str | None], await self.redis.hmget(UNACKED_KEY, tags) if tags else [])
+        stale = []
+        for tag, entry in zip(tags, entries, strict=True):
+            record = record_of_delivery(entry) if entry else None
+            if record is not None:
+                stale.append((tag, record))
+        return stale
+
+    async def restore_unstarted(self, record: str, tag: str, message: str) -> bool:
+        """Requeue a taken message whose rollout never started (its taker died)."""
+        keys = [record, UNACKED_KEY, UNACKED_INDEX_KEY, self.queue]
+        return bool(await self._run("restore", keys, [tag, message]))
+
+    async def waiting_without_message(self, batch: int = 1000) -> set[str]:
+        """Rollouts waiting for a worker whose message is neither in the queue nor among the
+        messages workers took: lost on its way to a worker. A snapshot: a message moving
+        between the two at the wrong moment makes a false suspect (see the sweeper)."""
+        waiting = await self._unleased_active()
+        if not waiting:
+            return set()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for record in waiting:
+                pipe.hget(record, "status")
+            statuses = await pipe.execute()
+        waiting = [r for r, s in zip(waiting, statuses, strict=True) if s in WAITING]
+        if not waiting:
+            return set()
+        present: set[str | None] = set()
+        for start in itertools.count(0, batch):  # the queue first: messages move to unacked
+            chunk = cast(list[str], await self.redis.lrange(self.queue, start, start + batch - 1))
+            present.update(map(record_of_message, chunk))
+            if len(chunk) < batch:
+                break
+        unacked = cast(list[str], await self.redis.hvals(UNACKED_KEY))
+        present.update(map(record_of_delivery, unacked))
+        return set(waiting) - present
+
+    async def _unleased_active(self) -> list[str]:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrange(self.keys.active, 0, -1)
+            pipe.zrange(self.keys.leases, 0, -1)
+            active, leased = await pipe.execute()
+        return sorted(set(active) - set(leased))
+
+    async def resend(self, record: str, message: str, guard_ms: int) -> bool:
+        """Give a waiting rollout whose message was lost a new one (once per ``guard_ms``)."""
+        return bool(await self._run("resend", [record, self.queue], [message, guard_ms]))
+
+    async def take_turn(self, chore: str, ttl_ms: int) -> bool:
+        """True for one caller per ``ttl_ms`` fleet-wide: chores one worker does for all."""
+        return bool(
+            await self.redis.set(f"{self.keys.prefix}:turn:{chore}", "1", nx=True, px=ttl_ms)
+        )
+
+    async def swap_lost_suspects(self, found: set[str], ttl_ms: int) -> set[str]:
+        """Keep this check's suspects (for ``ttl_ms``); return the previous check's."""
+        key = f"{self.keys.prefix}:lost-suspects"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.smembers(key)
+            pipe.delete(key)
+            if found:
+                pipe.sadd(key, *found)
+                pipe.pexpire(key, ttl_ms)
+            previous = (await pipe.execute())[0]
+        return cast(set[str], previous)
 
     async def requeue(self, record: str, message: str) -> bool:
         return bool(await self._run("requeue", [record, self.queue], [message]))

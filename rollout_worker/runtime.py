@@ -10,10 +10,12 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from celery import Celery
@@ -26,17 +28,19 @@ from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
 from rollout_worker import v1, v2
-from rollout_worker.envelope import task_id_for
+from rollout_worker.envelope import task_id_for, task_message
 from rollout_worker.execution import Carrier, Executor
 from rollout_worker.loop import LoopThread
 from rollout_worker.records import RecordStore, connect
 from rollout_worker.secrets import load_secret_box
 from rollout_worker.settings import FleetSettings
 from rollout_worker.sweeper import Sweeper
+from rollout_worker.watchdog import LoopWatchdog, Stall, TaskLineage
 
 logger = logging.getLogger(__name__)
 
 REVOKE_CHECK_SECONDS = 0.5
+EXIT_LOOP_STALLED = 70  # EX_SOFTWARE: the supervisor restarts the worker
 # Celery's consumer sends a heartbeat event every 2 s while it is connected and consuming.
 CONSUMER_SILENCE_SECONDS = 10.0
 
@@ -54,16 +58,32 @@ class WorkerRuntime:
         self._consumer_seen = -CONSUMER_SILENCE_SECONDS
         self._alive_file = Path(settings.worker_alive_file)
         self._loop = LoopThread()
+        self._lineage = TaskLineage()
+        self._watchdog: LoopWatchdog | None = None
+        self._waiting: set[str] = set()  # rollouts pool threads handed to the loop
+        self._waiting_lock = threading.Lock()
+        self._requeue_message: Callable[[str], str] | None = None
         self._background: list[asyncio.Task[None]] = []
         self._redis: Redis | None = None
         self._http: httpx.AsyncClient | None = None
         self._executor: Executor | None = None
 
     def start(self) -> None:
+        self._lineage.install(self._loop.loop)
         self._loop.start()
         self._loop.run(self._open())
+        self._watchdog = LoopWatchdog(
+            self._loop.loop,
+            self._loop.thread,
+            culprit=self._rollout_of,
+            on_stall=self._recycle,
+            limit=self.settings.loop_stall_limit,
+        )
+        self._watchdog.start()
 
     def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
         self._loop.run(self._close(), timeout=30)
         self._loop.stop()
 
@@ -71,6 +91,23 @@ class WorkerRuntime:
         """The consumer is running: announce this worker now rather than at the next beat."""
         self.ready = True
         self._loop.submit(self._heartbeat())
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: Celery stops consuming and waits for running tasks; make that wait short
+        by handing unfinished rollouts to other workers after the grace period."""
+        self._loop.submit(self._hand_back())
+
+    async def _hand_back(self) -> None:
+        assert self._executor is not None
+        grace = self.settings.shutdown_grace_seconds
+        logger.warning(
+            "stopping: %d rollouts running; those unfinished in %gs go to other workers",
+            len(self._executor.held),
+            grace,
+        )
+        handed = await self._executor.hand_back(grace)
+        if handed:
+            logger.warning("stopping: handed %d rollouts back to the queue", handed)
 
     def cancel_unstarted(self, record: str) -> None:
         """Celery discarded this rollout's message (revoked before it started): record the
@@ -86,7 +123,57 @@ class WorkerRuntime:
     def run_rollout(self, record: str) -> str:
         """Called on a Celery pool thread: run the rollout on the loop and wait for it."""
         assert self._executor is not None
-        return self._loop.run(self._executor.execute(record))
+        with self._waiting_lock:
+            self._waiting.add(record)
+        try:
+            return self._loop.run(self._executor.execute(record))
+        finally:
+            with self._waiting_lock:
+                self._waiting.discard(record)
+
+    def _rollout_of(self, task: asyncio.Task[Any] | None) -> str | None:
+        assert self._executor is not None
+        return self._lineage.root_in(task, self._executor.running)
+
+    def _recycle(self, stall: Stall) -> None:
+        """On the watchdog thread, the loop stuck: fail the rollout that blocks it, give the
+        others back to the queue and exit; the supervisor (compose's restart policy,
+        ``rollout-fleet up``) starts a fresh worker."""
+        reason = (
+            f"the agent blocked its worker's event loop for over {stall.seconds:.0f}s (a "
+            "blocking call in async code? run it with asyncio.to_thread); the worker was "
+            "restarted"
+        )
+        logger.error(
+            "recycling this worker: its event loop was blocked for %.1fs by rollout %s",
+            stall.seconds,
+            stall.record or "(none)",
+        )
+        try:
+            asyncio.run(self._give_back(stall.record, reason))
+        except Exception:
+            logger.exception("could not give rollouts back; their leases lapse instead")
+        finally:
+            os._exit(EXIT_LOOP_STALLED)
+
+    async def _give_back(self, culprit: str | None, reason: str) -> None:
+        """Runs on a loop of its own, with a Redis client of its own: the worker's are stuck."""
+        assert self._executor is not None
+        assert self._requeue_message is not None
+        held = self._executor.leases
+        with self._waiting_lock:
+            unstarted = self._waiting.difference(held)
+        redis = connect(self.settings.redis_dsn, 2)
+        try:
+            store = RecordStore(redis, self.settings.key_prefix, self.settings.queue)
+            for record, owner in held.items():
+                abandon = reason if record == culprit else ""
+                await store.release(record, owner, self._requeue_message(record), abandon)
+            for record in unstarted:
+                await store.release(record, "", self._requeue_message(record))
+            await store.forget_worker(self.owner)
+        finally:
+            await redis.aclose()
 
     async def _open(self) -> None:
         settings = self.settings
@@ -98,16 +185,30 @@ class WorkerRuntime:
         carrier: Carrier
         if isinstance(self.agent, RolloutAgentLoop):
             carrier = v1.V1Carrier(
-                self.agent, self._http, box, sdk_settings, settings.record_ttl, settings.debug_dir
+                self.agent,
+                self._http,
+                box,
+                sdk_settings,
+                settings.record_ttl,
+                settings.max_rollout_seconds,
+                settings.debug_dir,
             )
             protocol = v1.PROTOCOL
         else:
-            carrier = v2.V2Carrier(self.agent, box, settings.result_retention_seconds)
+            carrier = v2.V2Carrier(
+                self.agent, box, settings.result_retention_seconds, settings.max_rollout_seconds
+            )
             protocol = v2.PROTOCOL
+
+        def requeue_message(record: str) -> str:
+            return task_message(self.app, record, store.keys.rollout_key(record), store.queue)
+
+        self._requeue_message = requeue_message
+
         self._executor = Executor(
-            store, self.owner, settings, {protocol: carrier}, self.concurrency
+            store, self.owner, settings, {protocol: carrier}, self.concurrency, requeue_message
         )
-        sweeper = Sweeper(store, self.app, settings)
+        sweeper = Sweeper(store, requeue_message, settings)
         self._background = [
             asyncio.create_task(self._every(settings.lease_seconds / 3, self._heartbeat)),
             asyncio.create_task(self._every(settings.sweep_interval_seconds, sweeper.sweep)),

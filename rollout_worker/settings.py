@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import tempfile
 from functools import cached_property
+from typing import Annotated, Literal, Self
 
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import httpx
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rollout_sdk.config import get_settings
 
@@ -80,6 +82,25 @@ class FleetSettings(BaseSettings):
     sweep_interval_seconds: float = Field(
         5, gt=0, description="How often workers look for rollouts whose worker died."
     )
+    shutdown_grace_seconds: float = Field(
+        60,
+        ge=0,
+        description="A stopping worker lets running rollouts finish this long, then hands "
+        "the rest back to the queue for other workers.",
+    )
+    max_rollout_seconds: float = Field(
+        3600,
+        ge=0,
+        description="Longest a rollout may run on a worker before it is failed as timed out "
+        "(0: no limit). Guards against agents that never return.",
+    )
+    loop_stall_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="A worker whose event loop is blocked this long (an agent making a "
+        "blocking call) fails that rollout, hands its others back and restarts. Must be "
+        "below lease_seconds; default two thirds of it.",
+    )
     max_attempts: int = Field(
         5, ge=1, description="Executions of one rollout before it is failed as a crash loop."
     )
@@ -87,6 +108,15 @@ class FleetSettings(BaseSettings):
         300,
         ge=10,
         description="Broker redelivery backstop; leases, not this, recover crashed rollouts.",
+    )
+    allowed_trainer_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated URL prefixes a request's trainer URLs (v1 server_url and "
+        "tool_server_url, v2 chat_completions_url) must lie under; others get 422. Empty: any "
+        "URL. Closes SSRF through admission.",
+    )
+    max_request_bytes: int = Field(
+        16 * 2**20, ge=1024, description="Request bodies larger than this get 413."
     )
     get_tools_timeout_seconds: float = Field(
         10, gt=0, description="Limit on the agent's get_tools() during admission."
@@ -98,11 +128,41 @@ class FleetSettings(BaseSettings):
         "and kept in Redis (obfuscation only).",
     )
     debug_dir: str | None = Field(None, description="Write v1 debug traces (ctx.log_event) here.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info",
+        description="Log level of gateways (info: one access line per request) and workers "
+        "(info: a line per rollout task); warning saves their CPU at high rates.",
+    )
     worker_alive_file: str = Field(
         default_factory=lambda: os.path.join(tempfile.gettempdir(), "rollout-worker.alive"),
         description="Touched while the worker consumes and its loop and Redis answer "
         "(``rollout-fleet probe worker`` checks its age). Default: $TMPDIR/rollout-worker.alive.",
     )
+
+    @field_validator("allowed_trainer_urls", mode="before")
+    @classmethod
+    def _split_prefixes(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            for prefix in value:
+                url = httpx.URL(prefix)
+                if url.scheme not in ("http", "https") or not url.host:
+                    raise ValueError(f"{prefix!r} is not an http(s) URL prefix with a host")
+        return value
+
+    @model_validator(mode="after")
+    def _stall_below_lease(self) -> Self:
+        if self.loop_stall_seconds is not None and self.loop_stall_seconds >= self.lease_seconds:
+            raise ValueError(
+                "loop_stall_seconds must be below lease_seconds: a worker must notice its "
+                "blocked loop before other workers take its rollouts over"
+            )
+        return self
+
+    @property
+    def loop_stall_limit(self) -> float:
+        return self.loop_stall_seconds or self.lease_seconds * 2 / 3
 
     @cached_property
     def concurrency(self) -> int:

@@ -12,6 +12,8 @@ import logging
 from typing import Any
 
 from celery import signals
+from celery.exceptions import Reject
+from redis.exceptions import RedisError
 
 from rollout_sdk.loader import AgentLoadError, load_agent
 from rollout_worker.celery_app import app, settings
@@ -32,6 +34,9 @@ def _start_runtime(sender: Any = None, **_: Any) -> None:
         agent = load_agent(settings.agent)
     except AgentLoadError as exc:
         raise SystemExit(f"cannot load the agent {settings.agent!r}: {exc}") from exc
+    if settings.log_level != "debug":
+        # httpx logs each request at INFO: a line per LLM call, noise and CPU at fleet rates.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     concurrency = getattr(sender, "concurrency", None) or settings.concurrency
     runtime = WorkerRuntime(settings, app, agent, concurrency)
     try:
@@ -56,6 +61,12 @@ def _consumer_beat(**_: Any) -> None:
         _runtime.consumer_beat()
 
 
+@signals.worker_shutting_down.connect
+def _hand_back(**_: Any) -> None:
+    if _runtime is not None:
+        _runtime.begin_shutdown()
+
+
 @signals.worker_shutdown.connect
 def _stop_runtime(**_: Any) -> None:
     if _runtime is not None:
@@ -78,3 +89,7 @@ def run_rollout(record: str) -> str:
         return _runtime.run_rollout(record)
     except (asyncio.CancelledError, concurrent.futures.CancelledError):
         return "cancelled"
+    except RedisError as exc:
+        # Acking now could lose a rollout whose claim never reached Redis; put the message
+        # back (a duplicate delivery is harmless: the claim sorts it out).
+        raise Reject(f"Redis unavailable ({type(exc).__name__}); requeued", requeue=True) from exc

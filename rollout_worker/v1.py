@@ -23,7 +23,7 @@ from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import OsmosisRolloutError
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
 from rollout_sdk.runner import error_response, run_agent_loop
-from rollout_worker.execution import Lease
+from rollout_worker.execution import Lease, time_limit_message
 from rollout_worker.records import Claim, Status, Verdict
 from rollout_worker.secrets import SecretBox, redact
 
@@ -67,9 +67,11 @@ class V1Carrier:
         box: SecretBox,
         sdk_settings: RolloutSettings,
         retention_seconds: float,
+        time_limit: float,
         debug_dir: str | None = None,
     ) -> None:
         self.retention_ms = int(retention_seconds * 1000)
+        self._time_limit = time_limit  # seconds on this worker; 0: none
         self._agent_loop = agent_loop
         self._http = http
         self._box = box
@@ -108,6 +110,8 @@ class V1Carrier:
                 f"rollout abandoned after {claim.attempt - 1} attempts: the workers running it "
                 "stopped (crashed or were killed) each time",
             )
+        if claim.verdict is Verdict.ABANDONED:
+            return error_response(request.rollout_id, claim.record["abandon_reason"])
         tools: list[Any] = json.loads(claim.record["response"])["tools"]
         ctx = RolloutContext(
             request,
@@ -118,7 +122,10 @@ class V1Carrier:
             _debug_dir=self._debug_dir,
         )
         try:
-            return await run_agent_loop(self._agent_loop, ctx)
+            async with asyncio.timeout(self._time_limit or None):
+                return await run_agent_loop(self._agent_loop, ctx)
+        except TimeoutError:  # ours: run_agent_loop turns the agent's own errors into results
+            return error_response(request.rollout_id, time_limit_message(self._time_limit), ctx)
         except asyncio.CancelledError:
             # Cancelled by an operator (Flower's Revoke) or because the lease was lost; in the
             # latter case storing this result fails and another worker owns the rollout.

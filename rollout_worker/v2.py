@@ -25,7 +25,7 @@ from rollout_sdk.types import (
     RolloutStatus,
     wire_result,
 )
-from rollout_worker.execution import Lease
+from rollout_worker.execution import Lease, time_limit_message
 from rollout_worker.records import Claim, Status, Verdict
 from rollout_worker.secrets import SecretBox
 
@@ -34,15 +34,12 @@ logger = logging.getLogger(__name__)
 PROTOCOL = "v2"
 
 
-def admission_fields(
-    request: RolloutInitRequest, lease_digest: str, box: SecretBox
-) -> dict[str, str]:
+def admission_fields(request: RolloutInitRequest, box: SecretBox) -> dict[str, str]:
     """The record fields of a newly admitted v2 rollout; the LLM key is sealed, never plain."""
     fields = {
         "protocol": PROTOCOL,
         "rollout_id": request.rollout_id,
         "request": request.model_dump_json(exclude={"llm_api_key"}),
-        "lease_digest": lease_digest,
     }
     if request.llm_api_key:
         fields["secret"] = box.seal(request.llm_api_key)
@@ -56,24 +53,27 @@ def request_from_record(record: Mapping[str, str], box: SecretBox) -> RolloutIni
     return request
 
 
-def crashed_result(rollout_id: str, message: str = "rollout task crashed") -> RolloutResultResponse:
+def failure_result(
+    rollout_id: str,
+    message: str = "rollout task crashed",
+    category: RolloutErrorCategory = RolloutErrorCategory.INTERNAL_ERROR,
+) -> RolloutResultResponse:
     return wire_result(
         rollout_id,
-        ExecutionResult(
-            status=RolloutStatus.FAILURE,
-            err_message=message,
-            err_category=RolloutErrorCategory.INTERNAL_ERROR,
-        ),
+        ExecutionResult(status=RolloutStatus.FAILURE, err_message=message, err_category=category),
     )
 
 
 class V2Carrier:
     """Runs v2 workflows (and graders) on this worker process."""
 
-    def __init__(self, bundle: WorkflowBundle, box: SecretBox, retention_seconds: float) -> None:
+    def __init__(
+        self, bundle: WorkflowBundle, box: SecretBox, retention_seconds: float, time_limit: float
+    ) -> None:
         self.retention_ms = int(retention_seconds * 1000)
         self._bundle = bundle
         self._box = box
+        self._time_limit = time_limit  # seconds on this worker; 0: none
         # The workflow config's max_concurrent applies per worker process.
         limit = bundle.max_concurrent
         self._slots = asyncio.Semaphore(limit) if limit else None
@@ -84,7 +84,11 @@ class V2Carrier:
             return await self._record(lease, cancelled_result(request.rollout_id))
         if claim.verdict is Verdict.EXHAUSTED:
             message = f"rollout task crashed: {claim.attempt - 1} workers died running it"
-            return await self._record(lease, crashed_result(request.rollout_id, message))
+            return await self._record(lease, failure_result(request.rollout_id, message))
+        if claim.verdict is Verdict.ABANDONED:
+            reason = claim.record["abandon_reason"]
+            result = failure_result(request.rollout_id, reason, RolloutErrorCategory.AGENT_ERROR)
+            return await self._record(lease, result)
         try:
             result = await self._run(request, claim, lease)
         except asyncio.CancelledError:
@@ -119,12 +123,18 @@ class V2Carrier:
         async with self._slot():
             queued_sec = claim.ms_since_accepted / 1000 + (time.monotonic() - waiting_since)
             try:
-                outcome = await execute_rollout(self._bundle, execution, ctx, queued_sec=queued_sec)
+                async with asyncio.timeout(self._time_limit or None):
+                    outcome = await execute_rollout(
+                        self._bundle, execution, ctx, queued_sec=queued_sec
+                    )
+            except TimeoutError:
+                message = time_limit_message(self._time_limit)
+                return failure_result(request.rollout_id, message, RolloutErrorCategory.TIMEOUT)
             except Exception as exc:
                 logger.exception(
                     "rollout %s: execution crashed outside user code", request.rollout_id
                 )
-                return crashed_result(request.rollout_id, str(exc) or "rollout task crashed")
+                return failure_result(request.rollout_id, str(exc) or "rollout task crashed")
         return wire_result(request.rollout_id, outcome.result)
 
     async def _record(self, lease: Lease, result: RolloutResultResponse) -> Status | None:
@@ -132,4 +142,4 @@ class V2Carrier:
         return status if await lease.advance(status, result=result.wire_json()) else None
 
 
-__all__ = ["PROTOCOL", "V2Carrier", "admission_fields", "crashed_result", "request_from_record"]
+__all__ = ["PROTOCOL", "V2Carrier", "admission_fields", "failure_result", "request_from_record"]

@@ -11,9 +11,17 @@ import json
 
 import redis
 from celery import Celery
+from kombu import Connection
 
 from rollout_fleet.redis_server import RedisServer
-from rollout_worker.envelope import TASK_NAME, task_id_for, task_message
+from rollout_worker.envelope import (
+    TASK_NAME,
+    UNACKED_INDEX_KEY,
+    UNACKED_KEY,
+    record_of_delivery,
+    task_id_for,
+    task_message,
+)
 
 # Per-message values, plus two properties send_task adds only because it copies its
 # unknown keyword options into the properties (the headers carry the same values).
@@ -67,3 +75,28 @@ def test_task_ids_are_stable_and_url_safe() -> None:
     assert task_id_for("rf:v1:a/b c") == task_id_for("rf:v1:a/b c")
     assert task_id_for("rf:v1:a") != task_id_for("rf:v1:b")
     assert all(c in "0123456789abcdef-" for c in task_id_for("rf:v1:a/b c"))
+
+
+def test_a_taken_message_kombu_holds_unacked_names_its_record(redis_server: RedisServer) -> None:
+    """The sweeper requeues rollouts whose message a dead worker took: it reads kombu's own
+    ``unacked`` entries, so their format is pinned here against kombu itself."""
+    url = redis_server.url_for(1002)
+    app = Celery("contract", broker=url)
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    record = "rf:v2:rollout-7"
+    client.lpush("taken-q", task_message(app, record, "rollout-7", "taken-q"))
+    options = {"unacked_key": UNACKED_KEY, "unacked_index_key": UNACKED_INDEX_KEY}
+    try:
+        with Connection(url, transport_options=options) as connection:
+            queue = connection.SimpleQueue("taken-q")
+            queue.get(timeout=5)  # taken, never acked: a worker that died right here
+            (entry,) = client.hvals(UNACKED_KEY)
+            assert client.zcard(UNACKED_INDEX_KEY) == 1
+            queue.close()
+    finally:
+        client.flushdb()
+        client.close()
+    assert record_of_delivery(entry) == record
+    assert record_of_delivery("[]") is None
+    assert record_of_delivery("not json") is None

@@ -28,9 +28,11 @@ local function v2_result(record, status, message, category)
                        err_message = message or cjson.null, err_category = category or cjson.null})
 end
 -- Make a record terminal: result stored, secret and lease dropped, retention TTL started.
+-- 'terminations' counts the calls: anything but 1 is a bug (the chaos suite checks it).
 local function terminate(record, status, result, ttl_ms)
   local now = now_ms()
   redis.call('HSET', record, 'status', status, 'finished_at', now)
+  redis.call('HINCRBY', record, 'terminations', 1)
   if result ~= '' then
     redis.call('HSET', record, 'result', result)
   end

@@ -1,15 +1,17 @@
--- Extend the leases a worker still holds; report the ones it lost.
--- KEYS: record...   ARGV: owner, lease_ms, inflight_ttl_ms
--- -> the record keys whose lease is no longer this owner's
+-- Extend the leases a worker's executions still hold; report the ones they lost.
+-- KEYS: record...   ARGV: lease_ms, inflight_ttl_ms, owner... (one per record, same order;
+--                   a record may appear twice: a stale execution besides a reclaim)
+-- -> the owners whose lease is gone
 local now = now_ms()
 local lost = {}
 for i = 1, #KEYS do
+  local owner = ARGV[i + 2]
   local fields = redis.call('HMGET', KEYS[i], 'owner', 'status')
-  if fields[1] == ARGV[1] and is_held(fields[2]) then
-    redis.call('ZADD', LEASES, now + tonumber(ARGV[2]), KEYS[i])
-    redis.call('PEXPIRE', KEYS[i], ARGV[3])
+  if fields[1] == owner and is_held(fields[2]) then
+    redis.call('ZADD', LEASES, now + tonumber(ARGV[1]), KEYS[i])
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
   else
-    lost[#lost + 1] = KEYS[i]
+    lost[#lost + 1] = owner
   end
 end
 return lost

@@ -84,6 +84,21 @@ def test_completed_is_stored_tracked_and_readable(serve: Serve) -> None:
     assert httpx.get(f"{url}/health").json() == {"status": "healthy", "service": "mock-trainer"}
 
 
+def test_the_completed_feed_pages_from_a_cursor_even_without_recorded_calls(
+    serve: Serve,
+) -> None:
+    url = serve(create_mock_trainer_app(record_calls=False))
+    for rollout_id in ("a", "b"):
+        payload = {"rollout_id": rollout_id, "status": "COMPLETED", "final_messages": []}
+        httpx.post(f"{url}/v1/rollout/completed", json=payload).raise_for_status()
+    feed = httpx.get(f"{url}/mock/completed").json()
+    assert [rollout_id for rollout_id, _ in feed["completed"]] == ["a", "b"]
+    assert feed["next"] == 2
+    assert httpx.get(f"{url}/mock/completed", params={"since": 1}).json()["completed"][0][0] == "b"
+    assert httpx.get(f"{url}/mock/completed", params={"since": 2}).json()["completed"] == []
+    assert httpx.get(f"{url}/mock/calls").json() == []
+
+
 def test_faults_are_consumed_in_order_and_scoped_by_rollout(serve: Serve) -> None:
     url = serve(create_mock_trainer_app())
     faults = [

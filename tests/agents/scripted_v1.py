@@ -6,6 +6,7 @@ complete):
     {"chat": {...kwargs}}       ctx.chat(history, **kwargs); the reply is appended
     {"inspect_chat": {...}}     like chat, but append what the agent received as JSON
     {"sleep": seconds}          asyncio.sleep
+    {"block": seconds}          time.sleep (blocks the worker's event loop)
     {"record_tool_call": ms}    ctx.record_tool_call(latency_ms=ms)
     {"log": "event"}            ctx.log_event("event", step=i)
     {"echo_request": true}      append the request (minus api_key) as an assistant message
@@ -83,6 +84,8 @@ class ScriptedAgent(RolloutAgentLoop):
                 history.append({"role": "assistant", "content": json.dumps(seen)})
             elif action == "sleep":
                 await asyncio.sleep(argument)
+            elif action == "block":
+                time.sleep(argument)  # noqa: ASYNC251 - the point: an agent that blocks its loop
             elif action == "record_tool_call":
                 ctx.record_tool_call(latency_ms=argument)
             elif action == "log":

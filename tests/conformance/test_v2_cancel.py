@@ -82,7 +82,7 @@ def test_99_prefix_and_all_cancel_what_the_fleet_holds(narrow: V2FleetUnderTest)
     running = narrow.admitted(rollout_id=f"{group}run", metadata=CHATTY)
     narrow.wait_status(running[0], {"running"})
     queued = narrow.admitted(rollout_id=f"{group}queued")
-    other = narrow.admitted(rollout_id=f"other-{new_id()}")
+    other = narrow.admitted(rollout_id=f"other-{new_id()}", metadata=CHATTY)
     assert cancel(narrow, prefix=group) == {
         running[0]: "cancelled_running",
         queued[0]: "cancelled_queued",
@@ -90,8 +90,12 @@ def test_99_prefix_and_all_cancel_what_the_fleet_holds(narrow: V2FleetUnderTest)
     for rollout_id, token in (running, queued):
         assert narrow.result(rollout_id, token)["status"] == "cancelled"
 
+    # The prefix left `other` alone: it takes the freed slot, and `late` queues behind it.
+    narrow.wait_status(other[0], {"running"})
+    late = narrow.admitted(rollout_id=f"late-{new_id()}")
     everything = cancel(narrow, all=True)
-    assert everything[other[0]] == "cancelled_queued"
+    assert everything[other[0]] == "cancelled_running"
+    assert everything[late[0]] == "cancelled_queued"
     assert everything[running[0]] == everything[queued[0]] == "not_found"  # finished, retained
     assert set(everything.values()) <= {"cancelled_queued", "cancelled_running", "not_found"}
 

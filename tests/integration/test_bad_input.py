@@ -4,13 +4,20 @@ and leaves no record behind; an unavailable store is a 503, never a 500."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 
 from rollout_fleet.redis_server import RedisServer
-from tests.conftest import TEST_ENV, StartFleet
-from tests.harness import SCRIPTED_AGENT, FleetUnderTest, MockTrainGateClient
+from tests.conftest import TEST_ENV
+from tests.harness import (
+    SCRIPTED_AGENT,
+    SCRIPTED_V2_AGENT,
+    FleetUnderTest,
+    MockTrainGateClient,
+    V2FleetUnderTest,
+)
 
 
 def no_record(fleet: FleetUnderTest, key: str) -> bool:
@@ -79,21 +86,23 @@ def test_the_sealed_trainer_key_is_not_in_the_record(fleet: FleetUnderTest) -> N
 
 @pytest.fixture
 def doomed_store(
-    start_fleet: StartFleet,
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     mock_trainer: MockTrainGateClient,
 ) -> Iterator[tuple[FleetUnderTest, RedisServer]]:
+    """A fleet on a Redis of its own (v1 unless parametrized with "v2")."""
     from rollout_fleet.local import LocalFleet
 
+    v2 = getattr(request, "param", "v1") == "v2"
     server = RedisServer().start()
     fleet = LocalFleet(
-        SCRIPTED_AGENT,
+        SCRIPTED_V2_AGENT if v2 else SCRIPTED_AGENT,
         server.url,
         workers=1,
         env=TEST_ENV,
         log_dir=tmp_path_factory.mktemp("doomed"),
     )
-    handle = FleetUnderTest(fleet, mock_trainer)
+    handle = (V2FleetUnderTest if v2 else FleetUnderTest)(fleet, mock_trainer)
     fleet.start()
     yield handle, server
     handle.close()
@@ -110,6 +119,50 @@ def test_an_unreachable_store_is_503_with_retry_after(
     assert response.headers["Retry-After"] == "5"
     assert "rollout store unavailable" in response.json()["detail"]
     assert fleet.http.get("/health").status_code == 503
+
+
+def while_full(fleet: FleetUnderTest, send: Callable[[], httpx.Response]) -> httpx.Response:
+    """``send`` while the fleet's Redis is at ``maxmemory`` (it refuses every write)."""
+    fleet.redis.config_set("maxmemory", "1")
+    try:
+        return send()
+    finally:
+        fleet.redis.config_set("maxmemory", "0")
+
+
+def test_a_full_store_is_503_and_writes_nothing(
+    doomed_store: tuple[FleetUnderTest, RedisServer],
+) -> None:
+    """Redis at ``maxmemory`` (noeviction) refuses writes: v1 has no 429 (CONFORMANCE #47),
+    so this 503 is what bounds its queue."""
+    fleet, _ = doomed_store
+    body = fleet.body()
+    response = while_full(fleet, lambda: fleet.init(body))
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "5"
+    assert "full" in response.json()["detail"]
+    assert fleet.redis.exists(fleet.record_key(body["rollout_id"])) == 0
+    assert fleet.init(body).status_code == 202  # room again: the same request is admitted
+    assert len(fleet.wait_delivered([body["rollout_id"]])[body["rollout_id"]]) == 1
+
+
+@pytest.mark.parametrize("doomed_store", ["v2"], indirect=True)
+def test_a_full_store_tells_a_v2_trainer_to_come_back(
+    doomed_store: tuple[V2FleetUnderTest, RedisServer],
+) -> None:
+    """#70's answer, so the trainer's client waits and retries instead of giving up."""
+    fleet, _ = doomed_store
+    body = fleet.body()
+    response = while_full(fleet, lambda: fleet.admit(body))
+    assert response.status_code == 429
+    assert response.headers["Retry-After"] == "5"
+    assert response.json() == {"detail": "rollout queue is full; retry later"}
+    assert fleet.redis.exists(fleet.record_key(body["rollout_id"])) == 0
+    response = fleet.admit(body)
+    assert response.status_code == 202
+    assert fleet.result(body["rollout_id"], response.json()["polling_lease_token"])["status"] == (
+        "success"
+    )
 
 
 def test_a_gateway_dying_mid_admission_does_not_block_the_key(fleet: FleetUnderTest) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from tests.chaos.harness import record_figures
 from tests.conftest import module_fleet
 from tests.harness import CALCULATOR_AGENT, FleetUnderTest, new_id
 
@@ -15,7 +16,7 @@ crashy = module_fleet(
     concurrency=50,
     env={"ROLLOUT_FLEET_LEASE_SECONDS": "15", "ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS": "5"},
 )
-RECOVERY_DEADLINE_SECONDS = 30
+RECOVERY_TARGET_SECONDS = 30  # reported in docs/RELIABILITY.md, not asserted (a timing)
 
 
 def test_kill_9_of_a_worker_loses_nothing_and_duplicates_nothing(crashy: FleetUnderTest) -> None:
@@ -45,9 +46,8 @@ def test_kill_9_of_a_worker_loses_nothing_and_duplicates_nothing(crashy: FleetUn
         deliveries = crashy.wait_delivered(ids, timeout=90)
         # claimed_at is Redis's clock, the wall clock of this same machine.
         restarted = max(int(crashy.record(i)["claimed_at"]) for i in doomed) / 1000
-        print(
-            f"{len(doomed)} rollouts of the dead worker restarted {restarted - killed_at:.1f}s on"
-        )
+        recovery = round(restarted - killed_at, 1)
+        print(f"{len(doomed)} rollouts of the dead worker restarted {recovery}s on")
     finally:
         crashy.trainer.reset()
 
@@ -61,3 +61,17 @@ def test_kill_9_of_a_worker_loses_nothing_and_duplicates_nothing(crashy: FleetUn
         assert f":{victim.pid}:" not in record["worker"]
     survivors = set(ids) - set(doomed)
     assert all(crashy.record(i)["attempt"] == "1" for i in survivors)
+    record_figures(
+        "kill-9-production-timings",
+        "v1",
+        None,
+        offered=len(ids),
+        completed=len(ids),
+        duplicates=0,
+        lost=0,
+        reruns=len(doomed),
+        lease_s=15,
+        sweep_s=5,
+        restarted_elsewhere_after_s=recovery,
+        target_s=RECOVERY_TARGET_SECONDS,
+    )

@@ -80,7 +80,8 @@ class RolloutRequest(BaseModel):
     """Body of ``POST /v1/rollout/init``."""
 
     rollout_id: str = Field(min_length=1, max_length=256)
-    server_url: str
+    # The pattern only documents the check below (clients and fuzzers read the schema).
+    server_url: str = Field(json_schema_extra={"format": "uri", "pattern": "^https?://[^/?#]+"})
     messages: list[MessageDict]
     completion_params: dict[str, Any]
     tool_server_url: str | None = None

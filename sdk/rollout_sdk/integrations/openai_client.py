@@ -12,14 +12,17 @@ import asyncio
 import weakref
 from typing import Any
 
-import httpx
+# The client imports its resources lazily, on first use: on the event loop, where importing
+# them (compiling them, on an install without bytecode) would block every rollout of a worker
+# for seconds. Importing them with this module moves that to agent loading.
+import openai.resources  # noqa: F401
 from openai import AsyncOpenAI
 
+from rollout_sdk.client.traingate import new_http_client
+from rollout_sdk.config import get_settings
 from rollout_sdk.context import RolloutContext
 
 ROLLOUT_MODEL_NAME = "osmosis-rollout"  # a placeholder: the TrainGate serves its policy
-_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
-_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
 
 _shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = (
     weakref.WeakKeyDictionary()
@@ -47,10 +50,15 @@ class TrainGateOpenAI(AsyncOpenAI):
 
 
 def _new_client() -> AsyncOpenAI:
+    """Timeout, retries and pool size follow the SDK's client settings
+    (``OSMOSIS_ROLLOUT_CLIENT_*``), as the v1 TrainGate client does; the OpenAI client retries
+    transport errors, timeouts, 429 and 5xx itself."""
+    settings = get_settings()
     return TrainGateOpenAI(
         api_key=NO_KEY,
         base_url="http://unset.invalid",
-        http_client=httpx.AsyncClient(timeout=_TIMEOUT, limits=_LIMITS),
+        max_retries=settings.client.max_retries,
+        http_client=new_http_client(settings),
     )
 
 

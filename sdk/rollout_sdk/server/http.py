@@ -9,10 +9,29 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from rollout_sdk.server.api_key import is_authorized
 
 INVALID_KEY_DETAIL = "Invalid or missing API key"
+
+
+class ErrorDetail(BaseModel):
+    """The body of every error that is not a body-validation error."""
+
+    detail: str
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrors(BaseModel):
+    """FastAPI's body-validation 422, for routes whose 422 may also be an ``ErrorDetail``."""
+
+    detail: list[ValidationIssue]
 
 
 def require_v1_key(authorization: str | None, expected: str | None) -> None:
@@ -53,6 +72,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 __all__ = [
     "INVALID_KEY_DETAIL",
+    "ErrorDetail",
+    "ValidationErrors",
     "install_error_handlers",
     "require_platform_key",
     "require_v1_key",

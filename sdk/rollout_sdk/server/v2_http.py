@@ -16,6 +16,7 @@ from typing import Annotated, Protocol
 from fastapi import APIRouter, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
+from rollout_sdk.server.http import ErrorDetail, ValidationErrors
 from rollout_sdk.types.protocol import (
     POLLING_LEASE_HEADER,
     CancelRolloutsRequest,
@@ -151,7 +152,13 @@ def v2_router(service: ServiceGetter) -> APIRouter:
         except InvalidLease as exc:
             raise HTTPException(403, BAD_LEASE) from exc
 
-    @router.post("/rollout/cancel", response_model=CancelRolloutsResponse)
+    @router.post(
+        "/rollout/cancel",
+        response_model=CancelRolloutsResponse,
+        responses={
+            422: {"model": ValidationErrors | ErrorDetail, "description": "Not one selector"}
+        },
+    )
     async def cancel(request: CancelRolloutsRequest, http: Request) -> CancelRolloutsResponse:
         if request.selector_count != 1:
             raise HTTPException(422, ONE_SELECTOR)
@@ -173,6 +180,7 @@ def v2_router(service: ServiceGetter) -> APIRouter:
 
 
 __all__ = [
+    "QUEUE_FULL",
     "DuplicateRollout",
     "InvalidLease",
     "QueueFull",

@@ -9,9 +9,11 @@ JSON, or SSE chunks when the body asks for ``"stream": true`` (point a rollout's
 ``chat_completions_url`` at ``{mock}/v1/rollouts/{rollout_id}``).
 
     POST /mock/faults   [{"target": "chat", "status": 503, "times": 3}, ...]
+                        [{"target": "chat", "reset": true, "times": null, "probability": 0.05}]
     POST /mock/config   {"latency_s": 0.1, "responder": "calculator"}
     GET  /mock/calls    ?path=chat|completed&rollout_id=...
     GET  /mock/deliveries
+    GET  /mock/completed?since=N  (rollout_id, arrival time) of each delivery from the N-th on
     POST /mock/reset
 """
 
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -72,17 +76,21 @@ class RolloutCompletionTracker:
 
 
 class Fault(BaseModel):
-    """Misbehave on the next ``times`` matching calls (``None``: forever).
+    """Misbehave on the next ``times`` matching calls (``None``: forever), each with
+    ``probability``.
 
     ``delay_s`` stalls the answer; ``status`` replaces it with an error (or a bare 2xx);
-    ``omit`` drops optional top-level fields from an otherwise normal chat answer.
+    ``reset`` cuts the connection mid-answer; ``omit`` drops optional top-level fields from an
+    otherwise normal chat answer.
     """
 
     target: Target
     status: int | None = None
     delay_s: float = Field(0.0, ge=0)
+    reset: bool = False
     omit: list[str] = Field(default_factory=list)
     times: int | None = Field(1, ge=1)
+    probability: float = Field(1.0, gt=0, le=1)
     rollout_id: str | None = None
 
 
@@ -112,11 +120,14 @@ class MockTrainGate:
     calls: list[RecordedCall] = field(default_factory=list)
     deliveries: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    arrivals: list[tuple[str, float]] = field(default_factory=list)  # kept if calls are not
     faults: list[Fault] = field(default_factory=list)
 
     def take_fault(self, target: Target, rollout_id: str | None) -> Fault | None:
         for fault in self.faults:
             if fault.target == target and fault.rollout_id in (None, rollout_id):
+                if fault.probability < 1 and random.random() >= fault.probability:
+                    continue
                 if fault.times is not None:
                     fault.times -= 1
                     if fault.times == 0:
@@ -142,6 +153,8 @@ class MockTrainGate:
             return None
         if fault.delay_s:
             await asyncio.sleep(fault.delay_s)
+        if fault.reset:
+            return StreamingResponse(_cut_off(), media_type="application/json")
         if fault.status is None:
             return fault
         if 200 <= fault.status < 300:
@@ -168,6 +181,7 @@ class MockTrainGate:
     def deliver(self, payload: dict[str, Any]) -> None:
         self.latest[payload["rollout_id"]] = payload
         self.deliveries[payload["rollout_id"]].append(payload)
+        self.arrivals.append((payload["rollout_id"], time.time()))
         if self.tracker is not None:
             self.tracker.record(payload)
 
@@ -175,9 +189,19 @@ class MockTrainGate:
         self.calls.clear()
         self.deliveries.clear()
         self.latest.clear()
+        self.arrivals.clear()
         self.faults.clear()
         if self.tracker is not None:
             self.tracker.clear()
+
+
+class ConnectionCut(Exception):
+    """Raised mid-body: the server drops the connection and the client sees it break."""
+
+
+async def _cut_off() -> AsyncIterator[bytes]:
+    yield b'{"choices": ['
+    raise ConnectionCut("injected connection reset")
 
 
 def _completion_body(request: CompletionsRequest, responder: Responder) -> dict[str, Any]:
@@ -356,6 +380,11 @@ def _add_admin_routes(app: FastAPI, gate: MockTrainGate) -> None:
     @app.get("/mock/deliveries")
     async def list_deliveries() -> dict[str, list[dict[str, Any]]]:
         return dict(gate.deliveries)
+
+    @app.get("/mock/completed")
+    async def list_completed(since: int = 0) -> dict[str, Any]:
+        """A cheap feed for load drivers: poll with ``since`` = the last answer's ``next``."""
+        return {"next": len(gate.arrivals), "completed": gate.arrivals[since:]}
 
     @app.post("/mock/reset")
     async def reset() -> dict[str, str]:

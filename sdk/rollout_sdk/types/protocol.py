@@ -32,7 +32,8 @@ DEFAULT_RESULT_RETENTION_SEC = 900.0
 class RolloutInitRequest(BaseModel):
     """Body of ``POST /rollout``. Unknown fields (e.g. v2-cb callback URLs) are ignored."""
 
-    rollout_id: str
+    # The pattern only documents the check below (clients and fuzzers read the schema).
+    rollout_id: str = Field(json_schema_extra={"pattern": "^(?!\\.{1,2}$)[^/\\\\\\x00]+$"})
     initial_messages: list[MessageDict]
     chat_completions_url: str
     llm_api_key: str | None = Field(default=None, repr=False)

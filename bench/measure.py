@@ -1,0 +1,81 @@
+"""What the OS says each process spent: CPU seconds between two points, and peak RSS.
+
+Each role (``gateway``, ``workers``, ``redis``, ``baseline``) is a set of process trees; a
+sampler thread keeps the peak of each role's summed RSS while a point runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import psutil
+
+SAMPLE_SECONDS = 0.1
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        for process in _tree(pid):
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+    return total
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        for process in _tree(pid):
+            try:
+                total += process.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+    return total
+
+
+@dataclass
+class Usage:
+    """CPU seconds spent and peak RSS (MB) per role while the ``with`` block ran."""
+
+    roles: Mapping[str, list[int]]
+    cpu: dict[str, float] = field(default_factory=dict)
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    _start: dict[str, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _sampler: threading.Thread | None = None
+
+    def __enter__(self) -> Usage:
+        self._start = {role: cpu_seconds(pids) for role, pids in self.roles.items()}
+        self.peak_rss_mb = {role: 0.0 for role in self.roles}
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        assert self._sampler is not None
+        self._sampler.join()
+        self.cpu = {
+            role: cpu_seconds(pids) - self._start[role] for role, pids in self.roles.items()
+        }
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            for role, pids in self.roles.items():
+                mb = rss_bytes(pids) / 2**20
+                self.peak_rss_mb[role] = max(self.peak_rss_mb[role], mb)
+            time.sleep(SAMPLE_SECONDS)

@@ -1,0 +1,205 @@
+"""The benchmark points: each runs the fleet and the in-process baseline on one workload and
+returns JSON-ready lines — one per system, then one per target comparing them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from bench.drivers import Run, drive_admissions, drive_long_polls, drive_v1, drive_v2
+from bench.measure import Usage
+from bench.systems import System, baseline, fleet, traingate
+from bench.workloads import REPO, v1_bodies, v2_bodies
+
+CALCULATOR = str(REPO / "examples/calculator/server.py:agent_loop")
+STRANDS = str(REPO / "examples/strands_multiply/main.py")
+OPENAI_AGENTS = str(REPO / "examples/openai_agents_multiply/main.py")
+NOOP = str(REPO / "bench/agents/noop.py")
+BUSY = str(REPO / "bench/agents/busy.py")
+SLEEPY = str(REPO / "bench/agents/sleepy.py")
+WARMUP = 16
+# The in-process v1 server turns rollouts away past its limit (100 by default).
+UNCAPPED_BASELINE = {"OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS": "5000"}
+
+Line = dict[str, Any]
+Point = Callable[[float], Coroutine[Any, Any, list[Line]]]
+Drive = Callable[[System, int, str], Awaitable[Run]]  # (system, count, label) → run
+
+
+def system_line(system: System, run: Run, usage: Usage) -> Line:
+    figures = run.figures()
+    done = max(1, figures["completed"])
+    cpu = {role: round(seconds * 1000 / done, 2) for role, seconds in usage.cpu.items()}
+    server = sum(ms for role, ms in cpu.items() if role != "redis")
+    return {
+        "system": system.name,
+        **figures,
+        "cpu_ms_per_rollout": cpu,
+        "server_cpu_ms_per_rollout": round(server, 2),
+        "peak_rss_mb": {role: round(mb) for role, mb in usage.peak_rss_mb.items()},
+    }
+
+
+def verdict(figure: str, value: float, target: str, met: bool) -> Line:
+    return {"figure": figure, "value": round(value, 2), "target": target, "met": met}
+
+
+async def measure(system: System, drive: Drive, count: int) -> Line:
+    await drive(system, WARMUP, "warmup")
+    with Usage(system.roles) as usage:
+        run = await drive(system, count, "run")
+    return system_line(system, run, usage)
+
+
+def v1_drive(trainer: str, concurrency: int) -> Drive:
+    def drive(system: System, count: int, label: str) -> Awaitable[Run]:
+        return drive_v1(system.url, trainer, v1_bodies(trainer, count, label), concurrency)
+
+    return drive
+
+
+def v2_drive(trainer: str, concurrency: int) -> Drive:
+    def drive(system: System, count: int, label: str) -> Awaitable[Run]:
+        return drive_v2(system.url, v2_bodies(trainer, count, label), concurrency)
+
+    return drive
+
+
+async def fleet_and_baseline(
+    agent: str,
+    protocol: str,
+    drive: Drive,
+    count: int,
+    workers: int = 2,
+    concurrency: int = 256,
+    env: dict[str, str] | None = None,
+) -> tuple[Line, Line]:
+    with fleet(agent, workers, concurrency, env) as ours:
+        measured = await measure(ours, drive, count)
+    with baseline(agent, protocol, {**UNCAPPED_BASELINE, **(env or {})}) as theirs:
+        reference = await measure(theirs, drive, count)
+    return measured, reference
+
+
+def ratio(ours: Line, reference: Line) -> float:
+    return float(ours["rollouts_per_s"]) / max(0.01, float(reference["rollouts_per_s"]))
+
+
+async def dispatch(scale: float) -> list[Line]:
+    """A no-op v2 agent: what remains is the fleet's own cost per rollout."""
+    with traingate(0.0) as trainer:
+        ours, reference = await fleet_and_baseline(
+            NOOP, "v2", v2_drive(trainer, 64), int(2000 * scale)
+        )
+    cpu = float(ours["server_cpu_ms_per_rollout"])
+    return [ours, reference, verdict("fleet CPU ms/rollout", cpu, "<= 3", cpu <= 3)]
+
+
+async def calculator_v1(scale: float) -> list[Line]:
+    """The v1 calculator (2 LLM calls), TrainGate latency 100 ms, C = 256."""
+    with traingate(0.1) as trainer:
+        ours, reference = await fleet_and_baseline(
+            CALCULATOR, "v1", v1_drive(trainer, 256), int(3000 * scale)
+        )
+    rate, times = float(ours["rollouts_per_s"]), ratio(ours, reference)
+    return [
+        ours,
+        reference,
+        verdict("fleet rollouts/s", rate, ">= 100", rate >= 100),
+        verdict("fleet / baseline", times, ">= 1.7", times >= 1.7),
+    ]
+
+
+def framework(agent: str) -> Point:
+    async def point(scale: float) -> list[Line]:
+        """A bundled framework example (2 LLM turns, streamed), latency 100 ms, C = 256."""
+        with traingate(0.1) as trainer:
+            ours, reference = await fleet_and_baseline(
+                agent, "v2", v2_drive(trainer, 256), int(1000 * scale)
+            )
+        times = ratio(ours, reference)
+        overhead = float(ours["server_cpu_ms_per_rollout"]) - float(
+            reference["server_cpu_ms_per_rollout"]
+        )
+        return [
+            ours,
+            reference,
+            verdict("fleet / baseline", times, ">= 1.7", times >= 1.7),
+            verdict("fleet CPU ms/rollout over baseline", overhead, "<= 3", overhead <= 3),
+        ]
+
+    return point
+
+
+async def capacity(scale: float) -> list[Line]:
+    """One worker process holding 1000 v1 rollouts in flight (TrainGate latency 2 s)."""
+    count = int(3000 * scale)
+    with traingate(2.0) as trainer, fleet(CALCULATOR, 1, 1000) as ours:
+        line = await measure(ours, v1_drive(trainer, 1000), count)
+    rss = float(line["peak_rss_mb"]["workers"])
+    errors = sum(line["errors"].values())
+    return [
+        line,
+        verdict("worker peak RSS MB", rss, "<= 400", rss <= 400),
+        verdict("errors", errors, "== 0", errors == 0 and line["completed"] == count),
+    ]
+
+
+async def long_polls(scale: float) -> list[Line]:
+    """5000 result long-polls open at once on one gateway process."""
+    count = int(5000 * scale)
+    lines: list[Line] = []
+    env = {"ROLLOUT_FLEET_RESULT_WAIT_TIMEOUT_SECONDS": "10"}
+    with traingate(0.0) as trainer, fleet(SLEEPY, 1, 10, env) as ours:
+        admitted = await drive_admissions(ours.url, v2_bodies(trainer, count, "lp"), 64)
+        with Usage(ours.roles) as usage:
+            run = await drive_long_polls(ours.url, admitted.tokens)
+        lines.append(system_line(ours, run, usage))
+    errors = sum(run.errors.values()) + sum(admitted.errors.values())
+    lines.append(
+        verdict("long-poll errors", errors, "== 0", errors == 0 and len(run.latencies) == count)
+    )
+    return lines
+
+
+async def admission(scale: float) -> list[Line]:
+    """One gateway process admitting v2 rollouts: flat out (C = 64), then paced at 500/s."""
+    lines: list[Line] = []
+    roomy = {"ROLLOUT_FLEET_MAX_QUEUED": "100000"}
+    with traingate(0.0) as trainer, fleet(SLEEPY, 1, 10, roomy) as ours:
+        for rate, count in ((None, int(6000 * scale)), (500.0, int(3000 * scale))):
+            await drive_admissions(ours.url, v2_bodies(trainer, WARMUP, "warm"), 16)
+            bodies = v2_bodies(trainer, count, "adm")
+            with Usage(ours.roles) as usage:
+                run = await drive_admissions(ours.url, bodies, 64 if rate is None else 256, rate)
+            line = system_line(ours, run, usage)
+            line["system"] = f"{ours.name} admit {'flat out' if rate is None else f'at {rate:g}/s'}"
+            lines.append(line)
+    flat, paced = float(lines[0]["rollouts_per_s"]), float(lines[1]["p99_ms"] or 0)
+    lines.append(verdict("admissions/s", flat, ">= 1500", flat >= 1500))
+    lines.append(verdict("p99 ms at 500/s", paced, "<= 20", paced <= 20))
+    return lines
+
+
+async def scaling(scale: float) -> list[Line]:
+    """A CPU-bound agent (20 ms per rollout) on 1 and on 2 worker processes."""
+    count = int(600 * scale)
+    lines = []
+    with traingate(0.0) as trainer:
+        for workers in (1, 2):
+            with fleet(BUSY, workers, 64) as ours:
+                lines.append(await measure(ours, v2_drive(trainer, 64), count))
+    factor = ratio(lines[1], lines[0])
+    return [*lines, verdict("2 workers / 1 worker", factor, "near 2", factor >= 1.6)]
+
+
+POINTS: dict[str, Point] = {
+    "dispatch": dispatch,
+    "calculator-v1": calculator_v1,
+    "strands": framework(STRANDS),
+    "openai-agents": framework(OPENAI_AGENTS),
+    "capacity": capacity,
+    "long-polls": long_polls,
+    "admission": admission,
+    "scaling": scaling,
+}

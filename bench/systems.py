@@ -1,0 +1,138 @@
+"""The processes a benchmark point runs against: a mock TrainGate, the fleet, the baseline.
+
+Everything is a real process started the way users start it; :class:`System` names the pids
+whose CPU and memory count as "the server" for a point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from rollout_fleet.local import LocalFleet
+from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
+from rollout_fleet.redis_server import RedisServer
+
+BIN = Path(sys.executable).parent
+LOG_DIR = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+# The fleet's gateway and workers log at warning in the bench, like the baseline's server:
+# both sides pay for the same (no) logging.
+QUIET = {"ROLLOUT_FLEET_LOG_LEVEL": "warning"}
+
+
+@dataclass
+class System:
+    """One server under test: its URL and the pids of each role that counts as server CPU."""
+
+    name: str
+    url: str
+    roles: dict[str, list[int]]
+
+
+def _serve(
+    name: str, argv: list[str], port: int, env: dict[str, str] | None = None
+) -> ManagedProcess:
+    process = ManagedProcess(name, argv, env or {}, LOG_DIR / f"{name}-{port}.log").start()
+
+    def listening() -> bool:
+        if not process.alive():
+            raise RuntimeError(f"{name} exited:\n{process.output()[-3000:]}")
+        return port_open(port)
+
+    try:
+        wait_until(listening, 60, name)
+    except BaseException:
+        process.stop()
+        raise
+    return process
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(Path.cwd())}
+
+
+@contextlib.contextmanager
+def traingate(latency: float, responder: str = "calculator") -> Iterator[str]:
+    """The mock TrainGate in a process of its own (calls not recorded: it keeps up)."""
+    port = free_port()
+    argv = [
+        str(BIN / "rollout-sdk"),
+        "mock-trainer",
+        "--port",
+        str(port),
+        "--latency",
+        str(latency),
+        "--responder",
+        responder,
+        "--no-record-calls",
+    ]
+    process = _serve("traingate", argv, port, _env())
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.stop()
+
+
+@contextlib.contextmanager
+def fleet(
+    agent: str, workers: int, concurrency: int, env: dict[str, str] | None = None
+) -> Iterator[System]:
+    """Redis, one gateway process and ``workers`` worker processes."""
+    redis = RedisServer().start()
+    local = LocalFleet(
+        agent=agent,
+        redis_url=redis.url,
+        workers=workers,
+        concurrency=concurrency,
+        env={**QUIET, **(env or {})},
+        log_dir=LOG_DIR / f"fleet-{redis.port}",
+    )
+    try:
+        local.start(timeout=120)
+        roles = {
+            "gateway": [p.pid for n, p in local.processes.items() if n.startswith("gateway")],
+            "workers": [p.pid for n, p in local.processes.items() if n.startswith("worker")],
+            "redis": [redis.process.pid] if redis.process else [],
+        }
+        yield System(f"fleet-{workers}w", local.gateway_url, roles)
+    finally:
+        local.stop()
+        redis.stop()
+
+
+@contextlib.contextmanager
+def baseline(agent: str, protocol: str, env: dict[str, str] | None = None) -> Iterator[System]:
+    """Our in-process server (``create_app`` / ``create_rollout_server``) in one process."""
+    port = free_port()
+    if protocol == "v1":
+        argv = [
+            str(BIN / "rollout-sdk"),
+            "serve",
+            "-m",
+            agent,
+            "-p",
+            str(port),
+            "-H",
+            "127.0.0.1",
+            "--local",
+            "--skip-register",
+            "--no-validate",
+            "--log-level",
+            "warning",
+        ]
+    else:
+        argv = [sys.executable, "-m", "bench.baseline_v2", agent, str(port)]
+    process = _serve("baseline", argv, port, {**_env(), **(env or {})})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, 30, "baseline health")
+        yield System("baseline", url, {"baseline": [process.pid]})
+    finally:
+        process.stop()

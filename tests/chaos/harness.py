@@ -1,0 +1,396 @@
+"""The chaos suite's instruments: a fleet on its own Redis, a trainer that behaves like a
+real one while things break, and the audit that checks our promise — every admitted rollout
+ends with exactly one result.
+
+A scenario: start a :class:`ChaosFleet`, start a :class:`Trainer` offering rollouts, break
+something while they run, then :func:`audit`, which waits for the trainer and checks:
+
+* v1: each admitted rollout got exactly one completion callback;
+* v2: each admitted rollout's polls ended in a terminal result (a rollout whose 202 was lost
+  with a dying gateway ends by itself, as ``lease_expired``);
+* every record became terminal exactly once (its ``terminations`` count, kept by Redis);
+* nothing is left queued, running or leased, and every record has a TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import redis
+
+from rollout_fleet.local import LocalFleet
+from rollout_fleet.redis_server import RedisServer
+from tests.harness import REPO, MockTrainGateClient, new_id, v1_body, v2_body
+
+Protocol = Literal["v1", "v2"]
+LEASE_HEADER = "X-Osmosis-Rollout-Lease"
+TERMINAL = {"success", "failure", "cancelled"}
+FIGURES = REPO / "test-output" / "chaos"
+
+# Fast recovery knobs (production ones are measured in tests/integration/test_worker_crash).
+CHAOS_ENV = {
+    "OSMOSIS_ROLLOUT_CLIENT_RETRY_BASE_DELAY": "0.2",
+    "OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY": "1",
+    "OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS": "2",
+    "ROLLOUT_FLEET_LEASE_SECONDS": "3",
+    "ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS": "1",
+    "ROLLOUT_FLEET_RESULT_WAIT_TIMEOUT_SECONDS": "2",
+    "ROLLOUT_FLEET_POLLING_LEASE_TIMEOUT_SECONDS": "15",
+}
+
+
+@dataclass
+class ChaosFleet:
+    """A fleet on a Redis of its own (AOF on, so it can be restarted)."""
+
+    protocol: Protocol
+    fleet: LocalFleet
+    redis_server: RedisServer
+    trainer: MockTrainGateClient
+
+    @classmethod
+    def start(
+        cls,
+        protocol: Protocol,
+        agent: str,
+        trainer: MockTrainGateClient,
+        workdir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        **options: Any,
+    ) -> ChaosFleet:
+        redis_server = RedisServer(appendonly=True, data_dir=workdir / "redis").start()
+        options = {"workers": 2, "concurrency": 40, "gateways": 2, **options}
+        fleet = LocalFleet(
+            agent=agent,
+            redis_url=redis_server.url,
+            env={**CHAOS_ENV, **(env or {})},
+            log_dir=workdir / "logs",
+            **options,
+        )
+        chaos = cls(protocol, fleet, redis_server, trainer)
+        try:
+            fleet.start()
+        except BaseException:
+            chaos.stop()
+            raise
+        return chaos
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_server.url, decode_responses=True)
+
+    @property
+    def queue(self) -> str:
+        return self.fleet.env.get("ROLLOUT_FLEET_QUEUE", "rollouts")
+
+    def record_key(self, rollout_id: str) -> str:
+        return f"{self.fleet.key_prefix}:{self.protocol}:{rollout_id}"
+
+    def logs(self, tail: int = 4000) -> str:
+        return "\n".join(
+            f"--- {name} ---\n{process.output()[-tail:]}"
+            for name, process in self.fleet.processes.items()
+        )
+
+    def held_by(self, name: str) -> list[str]:
+        """The records worker ``name`` holds a lease on."""
+        store, pid = self.redis(), self.fleet.processes[name].pid
+        return [
+            record
+            for record in store.zrange(f"{self.fleet.key_prefix}:leases", 0, -1)
+            if f":{pid}:" in (store.hget(record, "owner") or "")
+        ]
+
+    def wait_taken_over(self, records: list[str], pid: int, timeout: float = 60) -> float:
+        """Seconds until every one of ``records`` is run by another worker than ``pid``'s (or
+        finished)."""
+        store, started = self.redis(), time.monotonic()
+        while time.monotonic() - started < timeout:
+            states = [store.hmget(record, "status", "owner") for record in records]
+            if all(s in TERMINAL or (o and f":{pid}:" not in o) for s, o in states):
+                return time.monotonic() - started
+            time.sleep(0.1)
+        raise AssertionError(f"the rollouts of worker {pid} were not taken over")
+
+    def kill_worker(self, name: str) -> None:
+        """``kill -9``, then what a supervisor (compose's restart policy) does."""
+        self.fleet.processes[name].kill()
+        assert self.fleet.restart_dead_workers() == [name]
+
+    def restart_gateway(self, index: int) -> None:
+        """Start gateway ``index`` (1 = the first) again on its port, once it died."""
+        self.fleet.processes.pop("gateway" if index == 1 else f"gateway-{index}")
+        self.fleet.start_gateway(index=index)
+
+    def stop(self) -> None:
+        self.fleet.stop()
+        self.redis_server.stop()
+
+
+def chaos_bodies(
+    protocol: Protocol,
+    trainer_url: str,
+    count: int,
+    *,
+    seconds: tuple[float, float] = (0.5, 3.0),
+    label: str = "chaos",
+    **fields: Any,
+) -> list[dict[str, Any]]:
+    """``count`` scripted rollouts that each wait, chat once and wait again, lasting a random
+    time in ``seconds`` — long enough for the scenario's fault to catch many mid-flight."""
+    bodies = []
+    for _ in range(count):
+        before, after = (random.uniform(*seconds) / 2 for _ in range(2))
+        rollout_id = new_id(label)
+        if protocol == "v1":
+            script = [{"sleep": before}, {"chat": {}}, {"sleep": after}, {"complete": {}}]
+            bodies.append(v1_body(trainer_url, rollout_id, metadata={"script": script}, **fields))
+        else:
+            script = [{"sleep": before}, {"chat": {}}, {"sleep": after}]
+            bodies.append(v2_body(trainer_url, rollout_id, metadata={"script": script}, **fields))
+    return bodies
+
+
+@dataclass
+class Trainer:
+    """A trainer offering rollouts from a thread of its own, the way a careful client would:
+    v1 admissions retried (same idempotency key) on transport errors and 5xx; v2 admissions
+    retried on 429 after ``Retry-After`` and, on a transport error, once on another gateway
+    (a 409 then means the lost answer was a 202: its lease token is gone); v2 polls moved to
+    another gateway on transport errors and 502/503/504."""
+
+    protocol: Protocol
+    gateways: list[str]
+    bodies: list[dict[str, Any]]
+    api_key: str | None = None
+    concurrency: int = 64
+    pace: float = 0.0  # seconds between admissions (0: all at once)
+    admitted: set[str] = field(default_factory=set)
+    orphaned: set[str] = field(default_factory=set)  # v2: admitted, 202 lost
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # v2 terminal bodies
+    rejections: Counter[int] = field(default_factory=Counter)  # 429s and other refusals seen
+    errors: list[str] = field(default_factory=list)
+    broken_connections: int = 0  # requests a dying gateway never answered
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Trainer:
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        assert self._thread is not None
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the trainer is still busy after {timeout}s"
+        assert not self.errors, self.errors[:5]
+
+    async def _run(self) -> None:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        limits = httpx.Limits(max_connections=self.concurrency * 2)
+        async with httpx.AsyncClient(timeout=30, headers=headers, limits=limits) as http:
+            gate = asyncio.Semaphore(self.concurrency)
+
+            async def one(index: int, body: dict[str, Any]) -> None:
+                await asyncio.sleep(index * self.pace)
+                async with gate:
+                    try:
+                        if self.protocol == "v1":
+                            await self._v1(http, body)
+                        else:
+                            await self._v2(http, body)
+                    except Exception as exc:
+                        self.errors.append(f"{body['rollout_id']}: {type(exc).__name__}: {exc}")
+
+            await asyncio.gather(*(one(i, body) for i, body in enumerate(self.bodies)))
+
+    def _gateway(self, attempt: int) -> str:
+        return self.gateways[attempt % len(self.gateways)]
+
+    async def _v1(self, http: httpx.AsyncClient, body: dict[str, Any]) -> None:
+        for attempt in range(60):
+            try:
+                response = await http.post(f"{self._gateway(attempt)}/v1/rollout/init", json=body)
+            except httpx.TransportError:
+                self.broken_connections += 1
+                await asyncio.sleep(0.5)
+                continue
+            if response.status_code == 202:
+                self.admitted.add(body["rollout_id"])
+                return
+            self.rejections[response.status_code] += 1
+            if response.status_code not in (502, 503, 504):
+                raise AssertionError(f"admission answered {response.status_code}: {response.text}")
+            await asyncio.sleep(0.5)
+        raise AssertionError("never admitted")
+
+    async def _v2(self, http: httpx.AsyncClient, body: dict[str, Any]) -> None:
+        rollout_id = body["rollout_id"]
+        token = await self._admit_v2(http, body)
+        if token is None:
+            return
+        attempt = 0
+        while True:
+            url = f"{self._gateway(attempt)}/rollout/{rollout_id}/result"
+            try:
+                response = await http.get(url, headers={LEASE_HEADER: token})
+            except httpx.TransportError:
+                self.broken_connections += 1
+                attempt += 1
+                await asyncio.sleep(0.1)
+                continue
+            if response.status_code in (502, 503, 504):
+                attempt += 1
+                await asyncio.sleep(0.25)
+                continue
+            if response.status_code != 200:
+                raise AssertionError(f"poll answered {response.status_code}: {response.text}")
+            result: dict[str, Any] = response.json()
+            if result["status"] in TERMINAL:
+                self.results[rollout_id] = result
+                return
+
+    async def _admit_v2(self, http: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
+        rollout_id = body["rollout_id"]
+        lost_answer = False
+        for attempt in range(600):
+            try:
+                response = await http.post(f"{self._gateway(attempt)}/rollout", json=body)
+            except httpx.TransportError:
+                self.broken_connections += 1
+                lost_answer = True
+                await asyncio.sleep(0.2)
+                continue
+            if response.status_code == 202:
+                self.admitted.add(rollout_id)
+                token: str = response.json()["polling_lease_token"]
+                return token
+            self.rejections[response.status_code] += 1
+            if response.status_code == 409 and lost_answer:
+                self.admitted.add(rollout_id)
+                self.orphaned.add(rollout_id)
+                return None
+            if response.status_code == 429:
+                retry_after = response.headers.get("Retry-After")
+                if retry_after is None:
+                    raise AssertionError("429 without Retry-After")
+                await asyncio.sleep(float(retry_after))
+                continue
+            if response.status_code not in (502, 503, 504):
+                raise AssertionError(f"admission answered {response.status_code}: {response.text}")
+            await asyncio.sleep(0.5)
+        raise AssertionError("never admitted")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a scenario's audit found (and what RELIABILITY.md reports)."""
+
+    offered: int
+    admitted: int
+    completed: int  # terminal success
+    failed: int  # terminal failure/cancelled (a clear error state, not lost)
+    duplicates: int  # records made terminal more than once, or callbacks beyond the first
+    lost: int  # admitted but never terminal
+    reruns: int  # rollouts a worker started again after another's execution was lost
+    statuses: dict[str, int]
+
+
+def audit(
+    chaos: ChaosFleet,
+    trainer: Trainer,
+    timeout: float = 120,
+    undeliverable: frozenset[str] | set[str] = frozenset(),
+) -> Outcome:
+    """Wait for the trainer and the fleet to settle, then check the promise (see module).
+    ``undeliverable``: v1 rollouts whose trainer refuses every callback (none may arrive)."""
+    trainer.join(timeout)
+    store = chaos.redis()
+    records = {rollout_id: chaos.record_key(rollout_id) for rollout_id in trainer.admitted}
+    statuses = _wait_terminal(chaos, store, records, timeout)
+    terminations = {r: int(store.hget(r, "terminations") or 0) for r in records.values()}
+    attempts = [int(store.hget(record, "attempt") or 0) for record in records.values()]
+    duplicates = sum(1 for count in terminations.values() if count > 1)
+    lost = sum(1 for record in records.values() if statuses[record] not in TERMINAL)
+    if chaos.protocol == "v1":
+        deliverable = trainer.admitted - undeliverable
+        deliveries = _wait_delivered(chaos, deliverable, timeout)
+        assert not undeliverable & deliveries.keys()
+        duplicates += sum(len(deliveries[i]) - 1 for i in deliverable)
+        completed = sum(1 for i in deliverable if deliveries[i][0]["status"] == "COMPLETED")
+    else:
+        assert trainer.results.keys() == trainer.admitted - trainer.orphaned
+        completed = sum(1 for status in statuses.values() if status == "success")
+    outcome = Outcome(
+        offered=len(trainer.bodies),
+        admitted=len(trainer.admitted),
+        completed=completed,
+        failed=len(trainer.admitted) - completed,
+        duplicates=duplicates,
+        lost=lost,
+        reruns=sum(1 for attempt in attempts if attempt > 1),
+        statuses=dict(Counter(statuses.values())),
+    )
+    assert (outcome.lost, outcome.duplicates) == (0, 0), f"{outcome}\n{chaos.logs()}"
+    assert set(terminations.values()) == {1}
+    _assert_settled(chaos, store)
+    return outcome
+
+
+def _wait_terminal(
+    chaos: ChaosFleet, store: redis.Redis, records: dict[str, str], timeout: float
+) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        statuses = {
+            record: store.hget(record, "status") or "missing" for record in records.values()
+        }
+        if all(status in TERMINAL for status in statuses.values()):
+            return statuses
+        if time.monotonic() > deadline:
+            stuck = Counter(s for s in statuses.values() if s not in TERMINAL)
+            raise AssertionError(f"rollouts never finished: {stuck}\n{chaos.logs()}")
+        time.sleep(0.2)
+
+
+def _wait_delivered(
+    chaos: ChaosFleet, admitted: set[str], timeout: float
+) -> dict[str, list[dict[str, Any]]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        deliveries = chaos.trainer.deliveries()
+        if admitted <= deliveries.keys():
+            time.sleep(1)  # a duplicate callback would arrive now
+            return chaos.trainer.deliveries()
+        if time.monotonic() > deadline:
+            missing = admitted - deliveries.keys()
+            raise AssertionError(f"{len(missing)} rollouts never called back\n{chaos.logs()}")
+        time.sleep(0.2)
+
+
+def _assert_settled(chaos: ChaosFleet, store: redis.Redis) -> None:
+    prefix = chaos.fleet.key_prefix
+    assert store.zcard(f"{prefix}:active") == 0
+    assert store.zcard(f"{prefix}:leases") == 0
+    records = store.scan_iter(f"{prefix}:{chaos.protocol}:*", count=1000)
+    without_ttl = [key for key in records if store.pttl(key) < 0]
+    assert without_ttl == [], f"records without a TTL: {without_ttl[:10]}"
+
+
+def record_figures(
+    scenario: str, protocol: Protocol, outcome: Outcome | None, **extra: Any
+) -> None:
+    """Keep a scenario's figures for RELIABILITY.md (``test-output/chaos/``)."""
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    counts = outcome.__dict__ if outcome is not None else {}
+    figures = {"scenario": scenario, "protocol": protocol, **counts, **extra}
+    (FIGURES / f"{scenario}-{protocol}.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures))

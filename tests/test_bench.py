@@ -1,0 +1,36 @@
+"""The benchmark runs from its documented command and reports what PERFORMANCE.md quotes:
+a line per system (fleet and baseline) with throughput, latency, CPU per role and memory,
+and a line per target. A tiny scale: this checks the machinery, not the figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.harness import REPO
+
+
+def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "dispatch", "--scale", "0.02"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    fleet, baseline, target = lines
+    assert (fleet["system"], baseline["system"]) == ("fleet-2w", "baseline")
+    for system in (fleet, baseline):
+        assert system["completed"] == system["offered"] == 40
+        assert system["errors"] == {}
+        assert system["rollouts_per_s"] > 0
+        assert system["p99_ms"] >= system["p50_ms"] > 0
+        assert system["server_cpu_ms_per_rollout"] > 0
+    assert set(fleet["cpu_ms_per_rollout"]) == {"gateway", "workers", "redis"}
+    assert fleet["peak_rss_mb"]["workers"] > 0
+    assert (target["figure"], target["target"]) == ("fleet CPU ms/rollout", "<= 3")
+    assert "Rollout Fleet benchmark" in done.stdout  # the table follows the lines
