@@ -9,6 +9,8 @@ an in-process server the same way: the driver cannot tell them apart.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -55,13 +57,40 @@ class Run:
         }
 
 
-def _client(concurrency: int, api_key: str | None) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.AsyncClient(limits=limits, headers=headers, timeout=httpx.Timeout(120))
+class _Clients:
+    """Requests spread round-robin over pools of about ``SHARD`` connections each.
+
+    httpcore's pool bookkeeping grows with connections × waiting requests on every request
+    (see ``HttpClientShards``); one pool for thousands of requests made the driver, not the
+    server, the bottleneck.
+    """
+
+    SHARD = 64
+
+    def __init__(self, concurrency: int, api_key: str | None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.SHARD)
+        self._shards = [
+            httpx.AsyncClient(limits=limits, headers=headers, timeout=httpx.Timeout(300))
+            for _ in range(max(1, math.ceil(concurrency / self.SHARD)))
+        ]
+        self._turn = itertools.cycle(self._shards)
+
+    async def get(self, url: str, **options: Any) -> httpx.Response:
+        return await next(self._turn).get(url, **options)
+
+    async def post(self, url: str, **options: Any) -> httpx.Response:
+        return await next(self._turn).post(url, **options)
+
+    async def __aenter__(self) -> _Clients:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        for shard in self._shards:
+            await shard.aclose()
 
 
-async def _post(http: httpx.AsyncClient, url: str, body: BaseModel) -> httpx.Response:
+async def _post(http: _Clients, url: str, body: BaseModel) -> httpx.Response:
     """Send a protocol model as the wire JSON a trainer sends (no unset fields)."""
     content = body.model_dump_json(exclude_none=True)
     return await http.post(url, content=content, headers={"Content-Type": "application/json"})
@@ -92,7 +121,7 @@ async def drive_v1(
     """Offer v1 rollouts; each is done when its callback reaches ``trainer``."""
     run = Run(len(bodies))
     done: dict[str, asyncio.Future[float]] = {}
-    async with _client(concurrency, api_key) as http:
+    async with _Clients(concurrency, api_key) as http:
         since = (await http.get(f"{trainer}/mock/completed", params={"since": 0})).json()["next"]
 
         async def watch() -> None:
@@ -138,7 +167,7 @@ async def drive_v2(
 ) -> Run:
     """Offer v2 rollouts; each is done when a long-poll returns its terminal result."""
     run = Run(len(bodies))
-    async with _client(concurrency, api_key) as http:
+    async with _Clients(concurrency, api_key) as http:
 
         async def one(index: int) -> None:
             body = bodies[index]
@@ -179,7 +208,7 @@ async def drive_admissions(
     """``POST /rollout`` only, as fast as ``concurrency`` allows or paced at ``rate``/s;
     latency is the admission's round trip."""
     run = Admissions(len(bodies))
-    async with _client(concurrency, api_key) as http:
+    async with _Clients(concurrency, api_key) as http:
         start = time.perf_counter()
 
         async def one(index: int) -> None:
@@ -201,7 +230,7 @@ async def drive_admissions(
 async def drive_long_polls(server: str, tokens: dict[str, str], api_key: str | None = None) -> Run:
     """One ``GET /rollout/{id}/result`` per admitted rollout, all open at once."""
     run = Run(len(tokens))
-    async with _client(len(tokens), api_key) as http:
+    async with _Clients(len(tokens), api_key) as http:
 
         async def one(index: int) -> None:
             rollout_id, token = items[index]

@@ -6,6 +6,7 @@ sampler thread keeps the peak of each role's summed RSS while a point runs.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping
@@ -36,6 +37,19 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def established(pids: list[int]) -> int:
+    """TCP connections the processes hold open (their clients' requests in progress)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(
+                1
+                for connection in psutil.Process(pid).net_connections("tcp")
+                if connection.status == psutil.CONN_ESTABLISHED
+            )
+    return total
+
+
 def rss_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -52,7 +66,9 @@ class Usage:
     """CPU seconds spent and peak RSS (MB) per role while the ``with`` block ran."""
 
     roles: Mapping[str, list[int]]
+    connections_of: str | None = None  # also sample this role's open TCP connections
     cpu: dict[str, float] = field(default_factory=dict)
+    peak_connections: int = 0
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     _start: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -78,4 +94,7 @@ class Usage:
             for role, pids in self.roles.items():
                 mb = rss_bytes(pids) / 2**20
                 self.peak_rss_mb[role] = max(self.peak_rss_mb[role], mb)
+            if self.connections_of is not None:
+                held = established(self.roles[self.connections_of])
+                self.peak_connections = max(self.peak_connections, held)
             time.sleep(SAMPLE_SECONDS)

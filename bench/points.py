@@ -3,8 +3,11 @@ returns JSON-ready lines — one per system, then one per target comparing them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
+
+from redis.asyncio import Redis
 
 from bench.drivers import Run, drive_admissions, drive_long_polls, drive_v1, drive_v2
 from bench.measure import Usage
@@ -131,15 +134,35 @@ def framework(agent: str) -> Point:
     return point
 
 
+async def peak_running(redis_url: str, done: asyncio.Event) -> int:
+    """The most rollouts the fleet held leases on at once (sampled every 0.1 s)."""
+    redis = Redis.from_url(redis_url)
+    peak = 0
+    try:
+        while not done.is_set():
+            peak = max(peak, await redis.zcard("rf:leases"))
+            await asyncio.sleep(0.1)
+    finally:
+        await redis.aclose()
+    return peak
+
+
 async def capacity(scale: float) -> list[Line]:
     """One worker process holding 1000 v1 rollouts in flight (TrainGate latency 2 s)."""
     count = int(3000 * scale)
+    done = asyncio.Event()
     with traingate(2.0) as trainer, fleet(CALCULATOR, 1, 1000) as ours:
+        assert ours.redis_url is not None
+        sampler = asyncio.create_task(peak_running(ours.redis_url, done))
         line = await measure(ours, v1_drive(trainer, 1000), count)
+        done.set()
+        line["peak_running"] = await sampler
     rss = float(line["peak_rss_mb"]["workers"])
     errors = sum(line["errors"].values())
+    held = int(line["peak_running"])
     return [
         line,
+        verdict("rollouts running at once", held, ">= 1000", held >= 1000),
         verdict("worker peak RSS MB", rss, "<= 400", rss <= 400),
         verdict("errors", errors, "== 0", errors == 0 and line["completed"] == count),
     ]
@@ -152,14 +175,17 @@ async def long_polls(scale: float) -> list[Line]:
     env = {"ROLLOUT_FLEET_RESULT_WAIT_TIMEOUT_SECONDS": "10"}
     with traingate(0.0) as trainer, fleet(SLEEPY, 1, 10, env) as ours:
         admitted = await drive_admissions(ours.url, v2_bodies(trainer, count, "lp"), 64)
-        with Usage(ours.roles) as usage:
+        with Usage(ours.roles, connections_of="gateway") as usage:
             run = await drive_long_polls(ours.url, admitted.tokens)
         lines.append(system_line(ours, run, usage))
     errors = sum(run.errors.values()) + sum(admitted.errors.values())
-    lines.append(
-        verdict("long-poll errors", errors, "== 0", errors == 0 and len(run.latencies) == count)
-    )
-    return lines
+    held = usage.peak_connections
+    lines[0]["peak_open_connections"] = held
+    return [
+        *lines,
+        verdict("long-polls open at once", held, ">= 5000", held >= count),
+        verdict("long-poll errors", errors, "== 0", errors == 0 and len(run.latencies) == count),
+    ]
 
 
 async def admission(scale: float) -> list[Line]:

@@ -34,6 +34,7 @@ class System:
     name: str
     url: str
     roles: dict[str, list[int]]
+    redis_url: str | None = None  # the fleet's Redis (None for the baseline)
 
 
 def _serve(
@@ -101,7 +102,7 @@ def fleet(
             "workers": [p.pid for n, p in local.processes.items() if n.startswith("worker")],
             "redis": [redis.process.pid] if redis.process else [],
         }
-        yield System(f"fleet-{workers}w", local.gateway_url, roles)
+        yield System(f"fleet-{workers}w", local.gateway_url, roles, redis.url)
     finally:
         local.stop()
         redis.stop()

@@ -17,13 +17,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 from celery import Celery
 from celery.worker import state as worker_state
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from rollout_sdk.client import new_http_client
+from rollout_sdk.client import HttpClientShards
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
@@ -65,7 +64,7 @@ class WorkerRuntime:
         self._requeue_message: Callable[[str], str] | None = None
         self._background: list[asyncio.Task[None]] = []
         self._redis: Redis | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._http: HttpClientShards | None = None
         self._executor: Executor | None = None
 
     def start(self) -> None:
@@ -181,7 +180,7 @@ class WorkerRuntime:
         store = RecordStore(self._redis, settings.key_prefix, settings.queue)
         box = await load_secret_box(self._redis, settings)
         sdk_settings = get_settings()
-        self._http = new_http_client(sdk_settings)
+        self._http = HttpClientShards(self.concurrency, sdk_settings)
         carrier: Carrier
         if isinstance(self.agent, RolloutAgentLoop):
             carrier = v1.V1Carrier(

@@ -15,9 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
-from rollout_sdk.client import OsmosisLLMClient
+from rollout_sdk.client import HttpClientShards, OsmosisLLMClient
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import OsmosisRolloutError
@@ -63,7 +61,7 @@ class V1Carrier:
     def __init__(
         self,
         agent_loop: RolloutAgentLoop,
-        http: httpx.AsyncClient,
+        http: HttpClientShards,
         box: SecretBox,
         sdk_settings: RolloutSettings,
         retention_seconds: float,
@@ -84,7 +82,7 @@ class V1Carrier:
             request.rollout_id,
             request.api_key,
             settings=self._sdk_settings,
-            http_client=self._http,
+            http_client=self._http.for_rollout(request.rollout_id),
         )
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:

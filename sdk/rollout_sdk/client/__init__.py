@@ -6,10 +6,16 @@ from rollout_sdk.client.trainer import (
     RolloutHandle,
     RolloutProtocolError,
 )
-from rollout_sdk.client.traingate import CompletionsResult, OsmosisLLMClient, new_http_client
+from rollout_sdk.client.traingate import (
+    CompletionsResult,
+    HttpClientShards,
+    OsmosisLLMClient,
+    new_http_client,
+)
 
 __all__ = [
     "CompletionsResult",
+    "HttpClientShards",
     "OsmosisLLMClient",
     "RolloutAdmissionTimeoutError",
     "RolloutClient",

@@ -14,11 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-import httpx
 from fastapi import FastAPI, Header
 from fastapi.responses import JSONResponse
 
-from rollout_sdk.client import OsmosisLLMClient, new_http_client
+from rollout_sdk.client import HttpClientShards, OsmosisLLMClient
 from rollout_sdk.config import RolloutSettings, get_settings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import OsmosisRolloutError
@@ -50,7 +49,7 @@ class _InProcessServer:
     record_ttl_seconds: float
     debug_dir: str | None
     rollouts: dict[str, _Rollout] = field(default_factory=dict)
-    http: httpx.AsyncClient | None = None
+    http: HttpClientShards | None = None
     semaphore: asyncio.Semaphore = field(init=False)
 
     def __post_init__(self) -> None:
@@ -86,7 +85,7 @@ class _InProcessServer:
                 request.rollout_id,
                 request.api_key,
                 settings=self.settings,
-                http_client=self.http,
+                http_client=self.http.for_rollout(request.rollout_id) if self.http else None,
             )
             ctx = RolloutContext(
                 request, tools, llm, _start_time=accepted_at, _debug_dir=self.debug_dir
@@ -156,7 +155,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        server.http = new_http_client(settings)
+        server.http = HttpClientShards(server.max_concurrent, settings)
         cleanup = asyncio.create_task(
             server.forget_expired_forever(settings.server.cleanup_interval_seconds)
         )
