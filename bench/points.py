@@ -90,12 +90,21 @@ def ratio(ours: Line, reference: Line) -> float:
 
 async def dispatch(scale: float) -> list[Line]:
     """A no-op v2 agent: what remains is the fleet's own cost per rollout."""
+    count = int(2000 * scale)
     with traingate(0.0) as trainer:
-        ours, reference = await fleet_and_baseline(
-            NOOP, "v2", v2_drive(trainer, 64), int(2000 * scale)
-        )
-    cpu = float(ours["server_cpu_ms_per_rollout"])
-    return [ours, reference, verdict("fleet CPU ms/rollout", cpu, "<= 3", cpu <= 3)]
+        drive = v2_drive(trainer, 64)
+        ours, reference = await fleet_and_baseline(NOOP, "v2", drive, count)
+        with fleet(NOOP, 2, 256, {"ROLLOUT_FLEET_TASK_EVENTS": "false"}) as quiet:
+            lean = await measure(quiet, drive, count)
+    lean["system"] = f"{lean['system']} no task events"
+    cpu, lean_cpu = (float(line["server_cpu_ms_per_rollout"]) for line in (ours, lean))
+    return [
+        ours,
+        lean,
+        reference,
+        verdict("fleet CPU ms/rollout", cpu, "<= 3", cpu <= 3),
+        verdict("fleet CPU ms/rollout, no task events", lean_cpu, "<= 3", lean_cpu <= 3),
+    ]
 
 
 async def calculator_v1(scale: float) -> list[Line]:

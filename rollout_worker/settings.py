@@ -128,6 +128,11 @@ class FleetSettings(BaseSettings):
         "and kept in Redis (obfuscation only).",
     )
     debug_dir: str | None = Field(None, description="Write v1 debug traces (ctx.log_event) here.")
+    task_events: bool = Field(
+        True,
+        description="Workers send Celery task events (what Flower shows); each rollout costs "
+        "three Redis publishes more, a large part of the fleet's own CPU per rollout.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info",
         description="Log level of gateways (info: one access line per request) and workers "

@@ -22,9 +22,13 @@ def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    fleet, baseline, target = lines
-    assert (fleet["system"], baseline["system"]) == ("fleet-2w", "baseline")
-    for system in (fleet, baseline):
+    fleet, lean, baseline, target, lean_target = lines
+    assert [line["system"] for line in (fleet, lean, baseline)] == [
+        "fleet-2w",
+        "fleet-2w no task events",
+        "baseline",
+    ]
+    for system in (fleet, lean, baseline):
         assert system["completed"] == system["offered"] == 40
         assert system["errors"] == {}
         assert system["rollouts_per_s"] > 0
@@ -33,4 +37,5 @@ def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
     assert set(fleet["cpu_ms_per_rollout"]) == {"gateway", "workers", "redis"}
     assert fleet["peak_rss_mb"]["workers"] > 0
     assert (target["figure"], target["target"]) == ("fleet CPU ms/rollout", "<= 3")
+    assert lean_target["figure"] == "fleet CPU ms/rollout, no task events"
     assert "Rollout Fleet benchmark" in done.stdout  # the table follows the lines
