@@ -119,7 +119,6 @@ def worker(
             f"--concurrency={concurrency or settings.concurrency}",
             "--prefetch-multiplier=1",
             f"--queues={settings.queue}",
-            *(["--task-events"] if settings.task_events else []),
             "--without-gossip",
             "--without-mingle",
             f"--loglevel={(loglevel or settings.log_level).upper()}",

@@ -51,7 +51,7 @@ app.conf.update(
     worker_pool="threads",
     worker_concurrency=settings.concurrency,
     worker_prefetch_multiplier=1,
-    worker_send_task_events=True,
+    worker_send_task_events=settings.task_events,  # what Flower shows
     worker_disable_rate_limits=True,
     worker_cancel_long_running_tasks_on_connection_loss=False,
     worker_hijack_root_logger=False,
