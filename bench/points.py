@@ -13,6 +13,7 @@ from bench.drivers import Run, drive_admissions, drive_long_polls, drive_v1, dri
 from bench.measure import Usage
 from bench.systems import System, baseline, fleet, traingate
 from bench.workloads import REPO, v1_bodies, v2_bodies
+from rollout_worker.records import Keys
 
 CALCULATOR = str(REPO / "examples/calculator/server.py:agent_loop")
 STRANDS = str(REPO / "examples/strands_multiply/main.py")
@@ -21,6 +22,7 @@ NOOP = str(REPO / "bench/agents/noop.py")
 BUSY = str(REPO / "bench/agents/busy.py")
 SLEEPY = str(REPO / "bench/agents/sleepy.py")
 WARMUP = 16
+FLEET_PREFIX = "rf"  # the fleet's default ROLLOUT_FLEET_KEY_PREFIX
 # The in-process v1 server turns rollouts away past its limit (100 by default).
 UNCAPPED_BASELINE = {"OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS": "5000"}
 
@@ -149,7 +151,7 @@ async def peak_running(redis_url: str, done: asyncio.Event) -> int:
     peak = 0
     try:
         while not done.is_set():
-            peak = max(peak, await redis.zcard("rf:leases"))
+            peak = max(peak, await redis.zcard(Keys(FLEET_PREFIX).leases))
             await asyncio.sleep(0.1)
     finally:
         await redis.aclose()

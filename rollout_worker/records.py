@@ -163,6 +163,13 @@ class Keys:
     def deployment(self) -> str:
         return f"{self.prefix}:deployment"
 
+    def turn(self, chore: str) -> str:
+        return f"{self.prefix}:turn:{chore}"
+
+    @property
+    def lost_suspects(self) -> str:
+        return f"{self.prefix}:lost-suspects"
+
 
 def _load_scripts(redis: Redis, prefix: str) -> dict[str, AsyncScript]:
     folder = resources.files("rollout_worker") / "lua"
@@ -363,13 +370,11 @@ class RecordStore:
 
     async def take_turn(self, chore: str, ttl_ms: int) -> bool:
         """True for one caller per ``ttl_ms`` fleet-wide: chores one worker does for all."""
-        return bool(
-            await self.redis.set(f"{self.keys.prefix}:turn:{chore}", "1", nx=True, px=ttl_ms)
-        )
+        return bool(await self.redis.set(self.keys.turn(chore), "1", nx=True, px=ttl_ms))
 
     async def swap_lost_suspects(self, found: set[str], ttl_ms: int) -> set[str]:
         """Keep this check's suspects (for ``ttl_ms``); return the previous check's."""
-        key = f"{self.keys.prefix}:lost-suspects"
+        key = self.keys.lost_suspects
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.smembers(key)
             pipe.delete(key)
