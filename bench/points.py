@@ -63,9 +63,9 @@ def v1_drive(trainer: str, concurrency: int) -> Drive:
     return drive
 
 
-def v2_drive(trainer: str, concurrency: int) -> Drive:
+def v2_drive(trainer: str, concurrency: int, history: int = 0) -> Drive:
     def drive(system: System, count: int, label: str) -> Awaitable[Run]:
-        return drive_v2(system.url, v2_bodies(trainer, count, label), concurrency)
+        return drive_v2(system.url, v2_bodies(trainer, count, label, history), concurrency)
 
     return drive
 
@@ -230,6 +230,23 @@ async def scaling(scale: float) -> list[Line]:
     return [*lines, verdict("2 workers / 1 worker", factor, "near 2", factor >= 1.6)]
 
 
+async def growth(scale: float) -> list[Line]:
+    """How the no-op rollout's cost grows with C (in flight) and with history length
+    (earlier messages carried in and out), fleet and baseline side by side."""
+    count = int(1000 * scale)
+    lines: list[Line] = []
+    quiet = {"ROLLOUT_FLEET_TASK_EVENTS": "false"}
+    sweeps = [(c, 0) for c in (16, 64, 256)] + [(64, h) for h in (50, 200)]
+    with traingate(0.0) as trainer:
+        for concurrency, history in sweeps:
+            drive = v2_drive(trainer, concurrency, history)
+            pair = await fleet_and_baseline(NOOP, "v2", drive, count, env=quiet)
+            for line in pair:
+                line["system"] = f"{line['system']} C={concurrency} history={history}"
+            lines.extend(pair)
+    return lines
+
+
 POINTS: dict[str, Point] = {
     "dispatch": dispatch,
     "calculator-v1": calculator_v1,
@@ -239,4 +256,5 @@ POINTS: dict[str, Point] = {
     "long-polls": long_polls,
     "admission": admission,
     "scaling": scaling,
+    "growth": growth,
 }

@@ -40,8 +40,22 @@ def v1_bodies(trainer: str, count: int, label: str = "calc") -> list[RolloutRequ
     ]
 
 
-def v2_bodies(trainer: str, count: int, label: str = "v2") -> list[RolloutInitRequest]:
-    """Multiply rows as ``POST /rollout`` bodies, each with its own TrainGate URL."""
+def earlier_turns(count: int) -> list[dict[str, str]]:
+    """``count`` messages of an earlier conversation (about 300 characters each)."""
+    return [
+        {
+            "role": "user" if turn % 2 == 0 else "assistant",
+            "content": f"Turn {turn}: " + "the product of 12 and 34 is 408; " * 9,
+        }
+        for turn in range(count)
+    ]
+
+
+def v2_bodies(
+    trainer: str, count: int, label: str = "v2", history: int = 0
+) -> list[RolloutInitRequest]:
+    """Multiply rows as ``POST /rollout`` bodies, each with its own TrainGate URL, after
+    ``history`` earlier messages."""
     rows = _rows(MULTIPLY_ROWS)
     bodies = []
     for i in range(count):
@@ -52,6 +66,7 @@ def v2_bodies(trainer: str, count: int, label: str = "v2") -> list[RolloutInitRe
                 rollout_id=rollout_id,
                 initial_messages=[
                     {"role": "system", "content": row["system_prompt"]},
+                    *earlier_turns(history),
                     {"role": "user", "content": row["user_prompt"]},
                 ],
                 chat_completions_url=f"{trainer}/v1/rollouts/{rollout_id}",

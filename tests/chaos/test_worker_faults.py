@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.chaos.conftest import StartChaos
 from tests.chaos.harness import Trainer, audit, chaos_bodies, record_figures
@@ -15,15 +16,17 @@ def test_three_kill_9s_during_a_run_lose_and_duplicate_nothing(start_chaos: Star
     chaos = start_chaos(workers=3, concurrency=20)
     bodies = chaos_bodies(chaos.protocol, chaos.trainer.url, ROLLOUTS, seconds=(1, 4))
     trainer = Trainer(chaos.protocol, chaos.fleet.gateway_urls, bodies).start()
-    killed, recovery = [], []
-    for _ in range(3):
-        time.sleep(random.uniform(1.0, 2.5))
-        workers = [n for n in chaos.fleet.processes if n.startswith("worker")]
-        victim = random.choice([n for n in workers if chaos.held_by(n)] or workers)
-        pid, doomed = chaos.fleet.processes[victim].pid, chaos.held_by(victim)
-        chaos.kill_worker(victim)
-        killed.append(f"{victim} holding {len(doomed)}")
-        recovery.append(round(chaos.wait_taken_over(doomed, pid), 1))
+    killed, takeovers = [], []
+    with ThreadPoolExecutor(3) as watchers:  # each kill's takeover is timed while the next comes
+        for _ in range(3):
+            time.sleep(random.uniform(1.0, 2.5))
+            workers = [n for n in chaos.fleet.processes if n.startswith("worker")]
+            victim = random.choice([n for n in workers if chaos.held_by(n)] or workers)
+            pid, doomed = chaos.fleet.processes[victim].pid, chaos.held_by(victim)
+            chaos.kill_worker(victim)
+            killed.append(f"{victim} holding {len(doomed)}")
+            takeovers.append(watchers.submit(chaos.wait_taken_over, doomed, pid))
+        recovery = [round(takeover.result(), 1) for takeover in takeovers]
     outcome = audit(chaos, trainer)
     assert outcome.completed == ROLLOUTS
     assert outcome.reruns > 0, "the kills caught no rollout mid-flight"
@@ -36,7 +39,7 @@ def test_a_sigterm_mid_run_hands_rollouts_to_other_workers(start_chaos: StartCha
     chaos = start_chaos(
         workers=3, concurrency=20, env={"ROLLOUT_FLEET_SHUTDOWN_GRACE_SECONDS": "1"}
     )
-    bodies = chaos_bodies(chaos.protocol, chaos.trainer.url, ROLLOUTS, seconds=(2, 6))
+    bodies = chaos_bodies(chaos.protocol, chaos.trainer.url, ROLLOUTS, seconds=(1.5, 4))
     trainer = Trainer(chaos.protocol, chaos.fleet.gateway_urls, bodies).start()
     time.sleep(3)
     victim = chaos.fleet.processes["worker-1"]
