@@ -93,6 +93,8 @@ def gateway(
         workers=workers,
         log_level=log_level or FleetSettings().log_level,
         timeout_keep_alive=75,
+        loop="uvloop",
+        http="httptools",
     )
 
 
