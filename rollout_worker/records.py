@@ -311,6 +311,11 @@ class RecordStore:
     async def expired(self, limit: int) -> list[str]:
         return list(await self._run("expired", [], [limit]))
 
+    async def redis_uptime(self) -> float:
+        """Seconds since Redis (re)started."""
+        info = await self.redis.info("server")
+        return float(info["uptime_in_seconds"])
+
     async def stale_deliveries(self, taken_before: float, limit: int) -> list[tuple[str, str]]:
         """(delivery tag, record) of rollout messages workers took before ``taken_before``
         (epoch seconds) and still hold unacknowledged."""

@@ -2,7 +2,10 @@
 
 * A rollout whose worker lease lapsed (its worker died) goes back to the front of the queue;
   with the default 15 s lease and 5 s sweep it runs again elsewhere within about 20 s, long
-  before the broker's visibility timeout would redeliver it.
+  before the broker's visibility timeout would redeliver it. Not in the first lease after a
+  Redis restart: leases lapsed then because nobody could renew them, and their live owners
+  get one lease to renew before anyone takes over (a takeover of a rollout delivering its
+  v1 callback would post that callback twice).
 * A rollout whose message a worker took but never started (it died in between) goes back to
   the queue once the message has been held for two leases, not at the broker's visibility
   timeout.
@@ -40,20 +43,14 @@ class Sweeper:
         self._requeue_message = requeue_message
         self._inflight_ttl_ms = int(settings.inflight_ttl_seconds * 1000)
         self._retention_ms = int(settings.result_retention_seconds * 1000)
+        self._lease_seconds = settings.lease_seconds
         self._unstarted_after = 2 * settings.lease_seconds
         self._lost_check_ms = int(4 * settings.lease_seconds * 1000)
 
     async def sweep(self) -> int:
         """Requeue rollouts whose worker lease lapsed, whose taker never started them or
         whose message was lost; expire unpolled v2 rollouts."""
-        requeued = 0
-        for record in await self._store.expired(SWEEP_BATCH):
-            if await self._store.requeue(record, self._requeue_message(record)):
-                requeued += 1
-                logger.warning(
-                    "rollout %s: its worker stopped renewing the lease; requeued",
-                    self._store.keys.rollout_key(record),
-                )
+        requeued = await self._requeue_lapsed()
         taken_before = time.time() - self._unstarted_after
         for tag, record in await self._store.stale_deliveries(taken_before, SWEEP_BATCH):
             if await self._store.restore_unstarted(record, tag, self._requeue_message(record)):
@@ -67,6 +64,19 @@ class Sweeper:
         if expired:
             logger.warning("%d rollouts were not polled in time: failed as lease_expired", expired)
         await self._store.prune(self._inflight_ttl_ms)
+        return requeued
+
+    async def _requeue_lapsed(self) -> int:
+        if await self._store.redis_uptime() < self._lease_seconds:
+            return 0  # Redis just restarted: owners first get a lease to renew (see module)
+        requeued = 0
+        for record in await self._store.expired(SWEEP_BATCH):
+            if await self._store.requeue(record, self._requeue_message(record)):
+                requeued += 1
+                logger.warning(
+                    "rollout %s: its worker stopped renewing the lease; requeued",
+                    self._store.keys.rollout_key(record),
+                )
         return requeued
 
     async def _resend_lost(self) -> int:

@@ -295,3 +295,26 @@ async def test_the_sweeper_resends_a_lost_message_after_two_checks(store: Record
     await asyncio.sleep(0.25)
     assert await sweeper.sweep() == 1
     assert await store.redis.lrange("q", 0, -1) == [f"AGAIN {record}"]
+
+
+async def test_lapsed_leases_wait_one_lease_after_a_redis_restart() -> None:
+    """A Redis restart lapses every lease (nobody could renew): a sweep in the first lease
+    after it leaves them to their owners; later sweeps requeue the ones still lapsed."""
+    server = RedisServer().start()  # uptime 0, like a Redis that just came back
+    redis = Redis.from_url(server.url, decode_responses=True)
+    try:
+        store = RecordStore(redis, "t", "q")
+        sweeper = Sweeper(store, lambda record: f"AGAIN {record}", FleetSettings(lease_seconds=2))
+        record = await admitted(store)
+        await store.claim(record, "owner", "worker", LEASE_MS, 5)
+        await asyncio.sleep(LEASE_MS / 1000 + 0.05)
+        assert await store.expired(10) == [record]
+        assert await sweeper.sweep() == 0
+        assert (await store.load(record))["status"] == Status.RUNNING
+        await asyncio.sleep(2.2 - await store.redis_uptime())  # uptime counts whole seconds
+        assert await store.redis_uptime() >= 2
+        assert await sweeper.sweep() == 1
+        assert (await store.load(record))["status"] == Status.QUEUED
+    finally:
+        await redis.aclose()
+        server.stop()
