@@ -13,7 +13,6 @@ from bench.drivers import Run, drive_admissions, drive_long_polls, drive_v1, dri
 from bench.measure import Usage
 from bench.systems import System, baseline, fleet, traingate
 from bench.workloads import REPO, v1_bodies, v2_bodies
-from rollout_worker.records import Keys
 
 CALCULATOR = str(REPO / "examples/calculator/server.py:agent_loop")
 STRANDS = str(REPO / "examples/strands_multiply/main.py")
@@ -22,7 +21,6 @@ NOOP = str(REPO / "bench/agents/noop.py")
 BUSY = str(REPO / "bench/agents/busy.py")
 SLEEPY = str(REPO / "bench/agents/sleepy.py")
 WARMUP = 16
-FLEET_PREFIX = "rf"  # the fleet's default ROLLOUT_FLEET_KEY_PREFIX
 # The in-process v1 server turns rollouts away past its limit (100 by default).
 UNCAPPED_BASELINE = {"OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS": "5000"}
 
@@ -145,13 +143,13 @@ def framework(agent: str) -> Point:
     return point
 
 
-async def peak_running(redis_url: str, done: asyncio.Event) -> int:
+async def peak_running(redis_url: str, leases_key: str, done: asyncio.Event) -> int:
     """The most rollouts the fleet held leases on at once (sampled every 0.1 s)."""
     redis = Redis.from_url(redis_url)
     peak = 0
     try:
         while not done.is_set():
-            peak = max(peak, await redis.zcard(Keys(FLEET_PREFIX).leases))
+            peak = max(peak, await redis.zcard(leases_key))
             await asyncio.sleep(0.1)
     finally:
         await redis.aclose()
@@ -164,7 +162,8 @@ async def capacity(scale: float) -> list[Line]:
     done = asyncio.Event()
     with traingate(2.0) as trainer, fleet(CALCULATOR, 1, 1000) as ours:
         assert ours.redis_url is not None
-        sampler = asyncio.create_task(peak_running(ours.redis_url, done))
+        assert ours.leases_key is not None
+        sampler = asyncio.create_task(peak_running(ours.redis_url, ours.leases_key, done))
         line = await measure(ours, v1_drive(trainer, 1000), count)
         done.set()
         line["peak_running"] = await sampler

@@ -19,6 +19,7 @@ import httpx
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_fleet.redis_server import RedisServer
+from rollout_worker.records import Keys
 
 BIN = Path(sys.executable).parent
 LOG_DIR = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
@@ -35,6 +36,7 @@ class System:
     url: str
     roles: dict[str, list[int]]
     redis_url: str | None = None  # the fleet's Redis (None for the baseline)
+    leases_key: str | None = None  # the fleet's sorted set of held leases
 
 
 def _serve(
@@ -102,7 +104,8 @@ def fleet(
             "workers": [p.pid for n, p in local.processes.items() if n.startswith("worker")],
             "redis": [redis.process.pid] if redis.process else [],
         }
-        yield System(f"fleet-{workers}w", local.gateway_url, roles, redis.url)
+        leases = Keys(local.key_prefix).leases
+        yield System(f"fleet-{workers}w", local.gateway_url, roles, redis.url, leases)
     finally:
         local.stop()
         redis.stop()

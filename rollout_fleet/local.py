@@ -21,6 +21,7 @@ from cryptography.fernet import Fernet
 from rollout_fleet.probe import probe_gateway
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_gateway.ready import Readiness
+from rollout_worker.settings import FleetSettings
 
 
 def fleet_command(*args: str) -> list[str]:
@@ -71,7 +72,8 @@ class LocalFleet:
 
     @property
     def key_prefix(self) -> str:
-        return self.env.get("ROLLOUT_FLEET_KEY_PREFIX", "rf")
+        default: str = FleetSettings.model_fields["key_prefix"].default
+        return self.env.get("ROLLOUT_FLEET_KEY_PREFIX", default)
 
     def process_env(self) -> dict[str, str]:
         env = {

@@ -67,10 +67,11 @@ class Sweeper:
         return requeued
 
     async def _requeue_lapsed(self) -> int:
-        if await self._store.redis_uptime() < self._lease_seconds:
+        lapsed = await self._store.expired(SWEEP_BATCH)
+        if lapsed and await self._store.redis_uptime() < self._lease_seconds:
             return 0  # Redis just restarted: owners first get a lease to renew (see module)
         requeued = 0
-        for record in await self._store.expired(SWEEP_BATCH):
+        for record in lapsed:
             if await self._store.requeue(record, self._requeue_message(record)):
                 requeued += 1
                 logger.warning(
