@@ -9,15 +9,13 @@ an in-process server the same way: the driver cannot tell them apart.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import BaseModel
 
 from rollout_sdk.core.schemas import RolloutRequest
@@ -25,6 +23,9 @@ from rollout_sdk.types import POLLING_LEASE_HEADER, RolloutInitRequest, RolloutS
 
 FEED_INTERVAL = 0.02
 CALLBACK_WAIT_SECONDS = 600
+REQUEST_TIMEOUT_SECONDS = 300
+JSON = {"Content-Type": "application/json"}
+FAILURES = (aiohttp.ClientError, TimeoutError)
 
 
 @dataclass
@@ -57,57 +58,68 @@ class Run:
         }
 
 
-class _Clients:
-    """Requests spread round-robin over pools of about ``SHARD`` connections each.
+class _Client:
+    """The trainer's HTTP client. aiohttp, because the driver shares the machine with the
+    system under test and must take little of it: at C = 64 httpx cost the driver 2.2 ms of
+    CPU per no-op v2 rollout (one admission, one poll) and saturated a core, so the driver,
+    not the server, set the pace; aiohttp costs 0.6 ms (docs/PERFORMANCE.md)."""
 
-    httpcore's pool bookkeeping grows with connections × waiting requests on every request
-    (see ``HttpClientShards``); one pool for thousands of requests made the driver, not the
-    server, the bottleneck.
-    """
+    def __init__(self, api_key: str | None) -> None:
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session: aiohttp.ClientSession | None = None
 
-    SHARD = 64
-
-    def __init__(self, concurrency: int, api_key: str | None) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.SHARD)
-        self._shards = [
-            httpx.AsyncClient(limits=limits, headers=headers, timeout=httpx.Timeout(300))
-            for _ in range(max(1, math.ceil(concurrency / self.SHARD)))
-        ]
-        self._turn = itertools.cycle(self._shards)
-
-    async def get(self, url: str, **options: Any) -> httpx.Response:
-        return await next(self._turn).get(url, **options)
-
-    async def post(self, url: str, **options: Any) -> httpx.Response:
-        return await next(self._turn).post(url, **options)
-
-    async def __aenter__(self) -> _Clients:
+    async def __aenter__(self) -> _Client:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
+        )
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        for shard in self._shards:
-            await shard.aclose()
+        assert self._session is not None
+        await self._session.close()
+
+    async def get(
+        self, url: str, headers: dict[str, str] | None = None, params: dict[str, int] | None = None
+    ) -> tuple[int, Any]:
+        """``(status, JSON body)``."""
+        assert self._session is not None
+        async with self._session.get(url, headers=headers, params=params) as response:
+            return response.status, await response.json()
+
+    async def post(self, url: str, body: BaseModel) -> tuple[int, Any]:
+        """Send a protocol model as the wire JSON a trainer sends (no unset fields)."""
+        assert self._session is not None
+        content = body.model_dump_json(exclude_none=True)
+        async with self._session.post(url, data=content, headers=JSON) as response:
+            return response.status, await response.json()
 
 
-async def _post(http: _Clients, url: str, body: BaseModel) -> httpx.Response:
-    """Send a protocol model as the wire JSON a trainer sends (no unset fields)."""
-    content = body.model_dump_json(exclude_none=True)
-    return await http.post(url, content=content, headers={"Content-Type": "application/json"})
-
-
-async def _offer(count: int, concurrency: int, one: Callable[[int], Any], run: Run) -> None:
+async def _offer(
+    count: int, concurrency: int, one: Callable[[int], Any], run: Run, rate: float | None = None
+) -> None:
+    """Start ``one(i)`` for i < count as slots free up (at most ``concurrency`` at once) and,
+    with ``rate``, no earlier than i / rate seconds in. A request's task is made when it is
+    sent, not all up front: thousands of waiting tasks made at once held the loop for tens of
+    milliseconds and showed up as the first requests' latency."""
     slots = asyncio.Semaphore(concurrency)
 
     async def bounded(index: int) -> None:
-        async with slots:
-            try:
-                await one(index)
-            except (httpx.HTTPError, TimeoutError) as exc:
-                run.errors[type(exc).__name__] += 1
+        try:
+            await one(index)
+        except FAILURES as exc:
+            run.errors[type(exc).__name__] += 1
+        finally:
+            slots.release()
 
     started = time.perf_counter()
-    await asyncio.gather(*(bounded(i) for i in range(count)))
+    async with asyncio.TaskGroup() as group:
+        for index in range(count):
+            if rate:
+                await asyncio.sleep(max(0.0, started + index / rate - time.perf_counter()))
+            await slots.acquire()
+            group.create_task(bounded(index))
     run.wall_seconds = time.perf_counter() - started
 
 
@@ -121,19 +133,18 @@ async def drive_v1(
     """Offer v1 rollouts; each is done when its callback reaches ``trainer``."""
     run = Run(len(bodies))
     done: dict[str, asyncio.Future[float]] = {}
-    async with _Clients(concurrency, api_key) as http:
-        since = (await http.get(f"{trainer}/mock/completed", params={"since": 0})).json()["next"]
+    async with _Client(api_key) as http:
+        since = (await http.get(f"{trainer}/mock/completed", params={"since": 0}))[1]["next"]
 
         async def watch() -> None:
             nonlocal since
             while True:
                 await asyncio.sleep(FEED_INTERVAL)
                 try:
-                    answer = await http.get(f"{trainer}/mock/completed", params={"since": since})
-                except httpx.TransportError:
+                    _, feed = await http.get(f"{trainer}/mock/completed", params={"since": since})
+                except aiohttp.ClientConnectionError:
                     run.errors["traingate feed unreachable"] += 1
                     continue
-                feed = answer.json()
                 since = feed["next"]
                 for rollout_id, at in feed["completed"]:
                     future = done.get(rollout_id)
@@ -144,9 +155,9 @@ async def drive_v1(
             body = bodies[index]
             future = done[body.rollout_id] = asyncio.get_running_loop().create_future()
             sent = time.time()
-            response = await _post(http, f"{server}/v1/rollout/init", body)
-            if response.status_code != 202:
-                run.errors[f"init {response.status_code}"] += 1
+            status, _ = await http.post(f"{server}/v1/rollout/init", body)
+            if status != 202:
+                run.errors[f"init {status}"] += 1
                 return
             async with asyncio.timeout(CALLBACK_WAIT_SECONDS):
                 run.latencies.append(await future - sent)
@@ -167,27 +178,29 @@ async def drive_v2(
 ) -> Run:
     """Offer v2 rollouts; each is done when a long-poll returns its terminal result."""
     run = Run(len(bodies))
-    async with _Clients(concurrency, api_key) as http:
+    async with _Client(api_key) as http:
 
         async def one(index: int) -> None:
             body = bodies[index]
             sent = time.time()
-            response = await _post(http, f"{server}/rollout", body)
-            if response.status_code != 202:
-                run.errors[f"admit {response.status_code}"] += 1
+            status, admitted = await http.post(f"{server}/rollout", body)
+            if status != 202:
+                run.errors[f"admit {status}"] += 1
                 return
-            lease = {POLLING_LEASE_HEADER: response.json()["polling_lease_token"]}
+            lease = {POLLING_LEASE_HEADER: admitted["polling_lease_token"]}
             while True:
-                polled = await http.get(f"{server}/rollout/{body.rollout_id}/result", headers=lease)
-                if polled.status_code != 200:
-                    run.errors[f"poll {polled.status_code}"] += 1
+                status, polled = await http.get(
+                    f"{server}/rollout/{body.rollout_id}/result", headers=lease
+                )
+                if status != 200:
+                    run.errors[f"poll {status}"] += 1
                     return
-                status = RolloutStatus(polled.json()["status"])
-                if status.terminal:
+                outcome = RolloutStatus(polled["status"])
+                if outcome.terminal:
                     break
             run.latencies.append(time.time() - sent)
-            if status is not RolloutStatus.SUCCESS:
-                run.errors[f"rollout {status.value}"] += 1
+            if outcome is not RolloutStatus.SUCCESS:
+                run.errors[f"rollout {outcome.value}"] += 1
 
         await _offer(len(bodies), concurrency, one, run)
     return run
@@ -208,41 +221,38 @@ async def drive_admissions(
     """``POST /rollout`` only, as fast as ``concurrency`` allows or paced at ``rate``/s;
     latency is the admission's round trip."""
     run = Admissions(len(bodies))
-    async with _Clients(concurrency, api_key) as http:
-        start = time.perf_counter()
+    async with _Client(api_key) as http:
 
         async def one(index: int) -> None:
-            if rate:
-                await asyncio.sleep(max(0.0, start + index / rate - time.perf_counter()))
             body = bodies[index]
             sent = time.perf_counter()
-            response = await _post(http, f"{server}/rollout", body)
-            if response.status_code != 202:
-                run.errors[f"admit {response.status_code}"] += 1
+            status, admitted = await http.post(f"{server}/rollout", body)
+            if status != 202:
+                run.errors[f"admit {status}"] += 1
                 return
             run.latencies.append(time.perf_counter() - sent)
-            run.tokens[body.rollout_id] = response.json()["polling_lease_token"]
+            run.tokens[body.rollout_id] = admitted["polling_lease_token"]
 
-        await _offer(len(bodies), concurrency, one, run)
+        await _offer(len(bodies), concurrency, one, run, rate)
     return run
 
 
 async def drive_long_polls(server: str, tokens: dict[str, str], api_key: str | None = None) -> Run:
     """One ``GET /rollout/{id}/result`` per admitted rollout, all open at once."""
     run = Run(len(tokens))
-    async with _Clients(len(tokens), api_key) as http:
+    items = list(tokens.items())
+    async with _Client(api_key) as http:
 
         async def one(index: int) -> None:
             rollout_id, token = items[index]
             sent = time.perf_counter()
-            polled = await http.get(
+            status, _ = await http.get(
                 f"{server}/rollout/{rollout_id}/result", headers={POLLING_LEASE_HEADER: token}
             )
-            if polled.status_code != 200:
-                run.errors[f"poll {polled.status_code}"] += 1
+            if status != 200:
+                run.errors[f"poll {status}"] += 1
                 return
             run.latencies.append(time.perf_counter() - sent)
 
-        items = list(tokens.items())
         await _offer(len(items), len(items), one, run)
     return run

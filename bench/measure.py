@@ -1,7 +1,9 @@
 """What the OS says each process spent: CPU seconds between two points, and peak RSS.
 
 Each role (``gateway``, ``workers``, ``redis``, ``baseline``) is a set of process trees; a
-sampler thread keeps the peak of each role's summed RSS while a point runs.
+sampler thread keeps the peak of each role's summed RSS while a point runs. The driver (this
+process, without its children) and the whole machine are measured too: on a machine the
+driver and the mock TrainGate share with the server, they say how much of it was left.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent not idle since boot."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def own_cpu_seconds() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
 def established(pids: list[int]) -> int:
     """TCP connections the processes hold open (their clients' requests in progress)."""
     total = 0
@@ -68,14 +81,19 @@ class Usage:
     roles: Mapping[str, list[int]]
     connections_of: str | None = None  # also sample this role's open TCP connections
     cpu: dict[str, float] = field(default_factory=dict)
+    driver_cpu: float = 0.0
+    machine_busy: float = 0.0  # CPU seconds, all cores
+    machine_capacity: float = 0.0  # wall seconds × cores
     peak_connections: int = 0
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     _start: dict[str, float] = field(default_factory=dict)
+    _start_others: tuple[float, float, float] = (0.0, 0.0, 0.0)
     _stop: threading.Event = field(default_factory=threading.Event)
     _sampler: threading.Thread | None = None
 
     def __enter__(self) -> Usage:
         self._start = {role: cpu_seconds(pids) for role, pids in self.roles.items()}
+        self._start_others = (own_cpu_seconds(), machine_busy_seconds(), time.monotonic())
         self.peak_rss_mb = {role: 0.0 for role in self.roles}
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -88,6 +106,10 @@ class Usage:
         self.cpu = {
             role: cpu_seconds(pids) - self._start[role] for role, pids in self.roles.items()
         }
+        driver, busy, started = self._start_others
+        self.driver_cpu = own_cpu_seconds() - driver
+        self.machine_busy = machine_busy_seconds() - busy
+        self.machine_capacity = (time.monotonic() - started) * (psutil.cpu_count() or 1)
 
     def _sample(self) -> None:
         while not self._stop.is_set():

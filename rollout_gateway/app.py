@@ -27,7 +27,7 @@ from rollout_gateway.v2 import FleetRollouts
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import load_agent
-from rollout_sdk.server.http import install_error_handlers
+from rollout_sdk.server.http import install_error_handlers, settle_heap
 from rollout_sdk.server.v2_http import QUEUE_FULL, RolloutService, require_bearer, v2_router
 from rollout_worker import celery_app
 from rollout_worker.records import RecordStore, connect
@@ -90,6 +90,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
         if not speaks_v1:
             listener.start()
             app.state.rollouts = FleetRollouts(gateway, listener)
+        settle_heap()
         try:
             yield
         finally:

@@ -24,6 +24,7 @@ from rollout_sdk.server.v2_http import (
     QueueFull,
     RolloutService,
     ServerDraining,
+    StoredResult,
     UnknownRollout,
     lease_digest,
     lease_matches,
@@ -89,7 +90,7 @@ class FleetRollouts(RolloutService):
             polling_lease_timeout_sec=self._lease_sec,
         )
 
-    async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse:
+    async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse | StoredResult:
         record = self._record(rollout_id)
         digest = lease_digest(lease_token)
         with self.listener.watch(record) as changed:
@@ -101,7 +102,7 @@ class FleetRollouts(RolloutService):
             if kind == "forbidden":
                 raise InvalidLease
             if kind == "final":
-                return RolloutResultResponse.model_validate_json(cast(str, value))
+                return StoredResult(cast(str, value))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._wait_sec):
                     await changed.wait()
@@ -109,7 +110,7 @@ class FleetRollouts(RolloutService):
 
     async def _current(
         self, record: str, rollout_id: str, lease_token: str
-    ) -> RolloutResultResponse:
+    ) -> RolloutResultResponse | StoredResult:
         fields = await self.gateway.store.redis.hmget(record, ["status", "lease_digest", "result"])
         status, digest, result = cast(list[str | None], fields)
         if status is None or digest is None:
@@ -117,7 +118,7 @@ class FleetRollouts(RolloutService):
         if not lease_matches(lease_token, digest):
             raise InvalidLease
         if RolloutStatus(status).terminal and result is not None:
-            return RolloutResultResponse.model_validate_json(result)
+            return StoredResult(result)
         return RolloutResultResponse(rollout_id=rollout_id, status=RolloutStatus(status))
 
     async def cancel(self, request: CancelRolloutsRequest) -> dict[str, str]:

@@ -16,6 +16,7 @@ from celery.exceptions import Reject
 from redis.exceptions import RedisError
 
 from rollout_sdk.loader import AgentLoadError, load_agent
+from rollout_sdk.server.http import settle_heap
 from rollout_worker.celery_app import app, settings
 from rollout_worker.envelope import TASK_NAME
 from rollout_worker.runtime import WorkerRuntime
@@ -46,6 +47,7 @@ def _start_runtime(sender: Any = None, **_: Any) -> None:
         # rollouts must exit instead of consuming them.
         raise SystemExit(f"the worker cannot start: {type(exc).__name__}: {exc}") from exc
     _runtime = runtime
+    settle_heap()
     logger.info("worker %s serving agent %r (%d slots)", runtime.owner, agent.name, concurrency)
 
 

@@ -133,14 +133,12 @@ async def run_workflow(
     ctx: RolloutContext,
     *,
     queued_sec: float = 0.0,
+    artifacts: Path | None = None,
 ) -> ExecutionResult:
     """The workflow on a fresh instance and config copy, within what is left of its budget."""
     config = copy.deepcopy(bundle.workflow_config)
     workflow_ctx: AgentWorkflowContext[Any] = AgentWorkflowContext(
-        prompt=request.prompt,
-        config=config,
-        metadata=request.metadata,
-        artifacts_dir=await artifacts_dir(request.id),
+        prompt=request.prompt, config=config, metadata=request.metadata, artifacts_dir=artifacts
     )
     budget = (
         max(request.agent_timeout_sec - queued_sec, 0.0)
@@ -180,7 +178,10 @@ def _check_rewarded(ctx: GraderContext) -> None:
 
 
 async def run_grader(
-    bundle: WorkflowBundle, request: ExecutionRequest, result: ExecutionResult
+    bundle: WorkflowBundle,
+    request: ExecutionRequest,
+    result: ExecutionResult,
+    artifacts: Path | None = None,
 ) -> ExecutionResult:
     """The grader on a fresh instance, under its own deadline (independent of the agent's)."""
     assert bundle.grader_cls is not None
@@ -189,7 +190,7 @@ async def run_grader(
         sample=result.sample,
         samples=result.samples,
         metadata=request.metadata,
-        artifacts_dir=await artifacts_dir(request.id),
+        artifacts_dir=artifacts,
     )
     budget = request.grader_timeout_sec
     started = time.monotonic()
@@ -231,8 +232,10 @@ async def execute_rollout(
     *,
     queued_sec: float = 0.0,
 ) -> ExecutionOutcome:
-    """Workflow, then (when requested and possible) grading; reports ``grading`` on ``ctx``."""
-    result = await run_workflow(bundle, request, ctx, queued_sec=queued_sec)
+    """Workflow, then (when requested and possible) grading; reports ``grading`` on ``ctx``.
+    Both see the rollout's one artifacts directory."""
+    artifacts = await artifacts_dir(request.id)
+    result = await run_workflow(bundle, request, ctx, queued_sec=queued_sec, artifacts=artifacts)
     if not request.grade or result.status is not RolloutStatus.SUCCESS:
         return ExecutionOutcome(workflow=result)
     reason = _ungradable(bundle, request)
@@ -248,7 +251,8 @@ async def execute_rollout(
             ),
         )
     await ctx.set_status(RolloutStatus.GRADING)
-    return ExecutionOutcome(workflow=result, grader=await run_grader(bundle, request, result))
+    graded = await run_grader(bundle, request, result, artifacts)
+    return ExecutionOutcome(workflow=result, grader=graded)
 
 
 __all__ = ["WorkflowBundle", "artifacts_dir", "execute_rollout", "run_grader", "run_workflow"]

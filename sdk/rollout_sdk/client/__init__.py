@@ -7,13 +7,18 @@ from rollout_sdk.client.trainer import (
     RolloutProtocolError,
 )
 from rollout_sdk.client.traingate import (
+    ATTEMPT_EXTENSION,
+    CallObserver,
     CompletionsResult,
     HttpClientShards,
     OsmosisLLMClient,
     new_http_client,
+    observe_traingate_calls,
 )
 
 __all__ = [
+    "ATTEMPT_EXTENSION",
+    "CallObserver",
     "CompletionsResult",
     "HttpClientShards",
     "OsmosisLLMClient",
@@ -22,4 +27,5 @@ __all__ = [
     "RolloutHandle",
     "RolloutProtocolError",
     "new_http_client",
+    "observe_traingate_calls",
 ]

@@ -1,16 +1,22 @@
 """The OpenAI-compatible client the integrations use to reach the TrainGate.
 
-One ``AsyncOpenAI`` (one connection pool) per event loop is shared by every rollout on
-that loop; each rollout gets a cheap ``with_options`` view carrying its base URL, its key
-and the ``x-rollout-id`` / ``x-sample-id`` headers. A client must not cross event loops,
-hence one per loop.
+Rollouts on one event loop share a few ``AsyncOpenAI`` clients, each over its own connection
+pool, one picked per rollout (small pools: see :class:`~rollout_sdk.client.HttpClientShards`);
+each rollout gets a cheap ``with_options`` view carrying its base URL, its key and the
+``x-rollout-id`` / ``x-sample-id`` headers. A client must not cross event loops, hence
+clients per loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 import weakref
+import zlib
 from typing import Any
+
+import httpx
 
 # The client imports its resources lazily, on first use: on the event loop, where importing
 # them (compiling them, on an install without bytecode) would block every rollout of a worker
@@ -24,7 +30,10 @@ from rollout_sdk.context import RolloutContext
 
 ROLLOUT_MODEL_NAME = "osmosis-rollout"  # a placeholder: the TrainGate serves its policy
 
-_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = (
+# Rollouts of a loop are spread over this many clients (made as first needed).
+CLIENTS_PER_LOOP = 64
+
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, AsyncOpenAI]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -49,6 +58,11 @@ class TrainGateOpenAI(AsyncOpenAI):
         return None  # openai insists on an Authorization header; a keyless TrainGate does not
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    return httpx.create_ssl_context()
+
+
 def _new_client() -> AsyncOpenAI:
     """Timeout, retries and pool size follow the SDK's client settings
     (``OSMOSIS_ROLLOUT_CLIENT_*``), as the v1 TrainGate client does; the OpenAI client retries
@@ -58,18 +72,21 @@ def _new_client() -> AsyncOpenAI:
         api_key=NO_KEY,
         base_url="http://unset.invalid",
         max_retries=settings.client.max_retries,
-        http_client=new_http_client(settings),
+        http_client=new_http_client(settings, _tls()),
     )
 
 
-def shared_client() -> AsyncOpenAI:
+def shared_client(rollout_id: str = "") -> AsyncOpenAI:
+    """The running loop's client for ``rollout_id`` (the same one for all its calls)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return _new_client()
-    client = _shared.get(loop)
+    clients = _shared.setdefault(loop, {})
+    shard = zlib.crc32(rollout_id.encode()) % CLIENTS_PER_LOOP
+    client = clients.get(shard)
     if client is None:
-        client = _shared[loop] = _new_client()
+        client = clients[shard] = _new_client()
     return client
 
 
@@ -85,7 +102,7 @@ def rollout_client(ctx: RolloutContext, sample_id: str | None = None) -> AsyncOp
 
     Without a rollout key no ``Authorization`` header is sent at all (P§2.11).
     """
-    return shared_client().with_options(
+    return shared_client(ctx.rollout_id).with_options(
         base_url=ctx.chat_completions_url,
         api_key=ctx.api_key or NO_KEY,
         default_headers=rollout_headers(ctx, sample_id),

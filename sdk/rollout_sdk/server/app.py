@@ -27,6 +27,7 @@ from rollout_sdk.server.http import (
     install_error_handlers,
     require_platform_key,
     require_v1_key,
+    settle_heap,
 )
 
 logger = logging.getLogger(__name__)
@@ -161,6 +162,7 @@ def create_app(
         )
         if on_startup is not None:
             await on_startup()
+        settle_heap()
         try:
             yield
         finally:

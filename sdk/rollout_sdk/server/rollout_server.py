@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.errors import categorize_exception
 from rollout_sdk.context import RolloutContext, RolloutProgress
-from rollout_sdk.server.http import install_error_handlers
+from rollout_sdk.server.http import install_error_handlers, settle_heap
 from rollout_sdk.server.v2_http import (
     DuplicateRollout,
     InvalidLease,
@@ -334,6 +334,7 @@ def create_rollout_server(
             sweeper = asyncio.create_task(
                 service.expire_leases_forever(min(1.0, polling_lease_timeout_sec / 4))
             )
+            settle_heap()
             try:
                 yield
             finally:

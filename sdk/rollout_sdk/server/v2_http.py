@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Protocol
 
 from fastapi import APIRouter, FastAPI, Header, HTTPException, Request, Response
@@ -73,12 +74,20 @@ class InvalidLease(Exception):
     """The polling lease token does not belong to the rollout (403)."""
 
 
+@dataclass(frozen=True)
+class StoredResult:
+    """A finished rollout's result body as a server stored it: already the wire JSON
+    (``RolloutResultResponse.wire_json``), answered as is, never parsed again."""
+
+    wire_json: str
+
+
 class RolloutService(Protocol):
     """What a v2 server does; the HTTP layer maps its exceptions to status codes."""
 
     async def admit(self, request: RolloutInitRequest) -> RolloutInitResponse: ...
 
-    async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse:
+    async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse | StoredResult:
         """Authenticate, renew the lease, wait for a status change (or the wait timeout)."""
         ...
 
@@ -113,6 +122,12 @@ def require_bearer(app: FastAPI, api_key: str) -> None:
         return await call_next(request)
 
 
+def _json(body: str, status_code: int = 200) -> Response:
+    """A body already serialized from its response model: FastAPI would validate and
+    serialize it again, the largest part of a poll's cost for a long trajectory."""
+    return Response(body, status_code=status_code, media_type="application/json")
+
+
 def v2_router(service: ServiceGetter) -> APIRouter:
     router = APIRouter(tags=["v2"])
 
@@ -122,9 +137,9 @@ def v2_router(service: ServiceGetter) -> APIRouter:
         response_model=RolloutInitResponse,
         responses={409: {}, 429: {}, 503: {}},
     )
-    async def admit(request: RolloutInitRequest, http: Request) -> RolloutInitResponse:
+    async def admit(request: RolloutInitRequest, http: Request) -> Response:
         try:
-            return await service(http).admit(request)
+            admitted = await service(http).admit(request)
         except ServerDraining as exc:
             raise HTTPException(503, SHUTTING_DOWN) from exc
         except QueueFull as exc:
@@ -133,24 +148,25 @@ def v2_router(service: ServiceGetter) -> APIRouter:
             ) from exc
         except DuplicateRollout as exc:
             raise HTTPException(409, DUPLICATE) from exc
+        return _json(admitted.model_dump_json(), status_code=202)
 
     @router.get(
         "/rollout/{rollout_id}/result",
         response_model=RolloutResultResponse,
-        response_model_exclude={"sample": {"trajectory_messages", "id"}},
         responses={403: {}, 404: {}},
     )
     async def result(
         rollout_id: str,
         http: Request,
         lease_token: Annotated[str, Header(alias=POLLING_LEASE_HEADER, min_length=1)],
-    ) -> RolloutResultResponse:
+    ) -> Response:
         try:
-            return await service(http).poll(rollout_id, lease_token)
+            polled = await service(http).poll(rollout_id, lease_token)
         except UnknownRollout as exc:
             raise HTTPException(404, UNKNOWN) from exc
         except InvalidLease as exc:
             raise HTTPException(403, BAD_LEASE) from exc
+        return _json(polled.wire_json if isinstance(polled, StoredResult) else polled.wire_json())
 
     @router.post(
         "/rollout/cancel",
@@ -186,6 +202,7 @@ __all__ = [
     "QueueFull",
     "RolloutService",
     "ServerDraining",
+    "StoredResult",
     "UnknownRollout",
     "lease_digest",
     "lease_matches",
