@@ -1,13 +1,17 @@
 """The agent author's command line: ``rollout-sdk`` (also installed as ``osmosis``).
 
 rollout-sdk validate -m server:agent_loop
+rollout-sdk test -m server:agent_loop -d rows.jsonl --base-url http://localhost:8000/v1 --model m
 rollout-sdk serve -m server:agent_loop --local -p 9000
 rollout-sdk mock-trainer --responder calculator -p 9001
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 try:
@@ -17,7 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise SystemExit("the CLI needs typer: pip install 'rollout-sdk[cli]'") from exc
 
 from rollout_sdk.core.base import RolloutAgentLoop
-from rollout_sdk.loader import AgentLoadError, load_agent_loop, split_reference
+from rollout_sdk.loader import Agent, AgentLoadError, load_agent, load_agent_loop, split_reference
 
 app = typer.Typer(
     name="rollout-sdk",
@@ -30,6 +34,16 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 ModuleOption = Annotated[
     str, typer.Option("-m", "--module", help="Agent loop as module.path:attribute")
+]
+AgentOption = Annotated[
+    str,
+    typer.Option(
+        "-m",
+        "--module",
+        "--agent",
+        help="The agent: module.path:attribute or file.py:attribute, or a v2 entry point "
+        "(file.py or module) defining one AgentWorkflow",
+    ),
 ]
 
 
@@ -47,6 +61,19 @@ def load_loop_or_exit(reference: str) -> RolloutAgentLoop:
         fail(str(exc))
 
 
+def load_agent_or_exit(reference: str) -> Agent:
+    """Either generation's agent, or ``Error: ...`` and exit 1."""
+    try:
+        return load_agent(reference)
+    except AgentLoadError as exc:
+        if split_reference(reference)[1] is None:
+            fail(
+                f"invalid module spec {reference!r}: expected 'module.path:attribute' (an "
+                f"agent loop) or an entry point defining one AgentWorkflow ({exc})"
+            )
+        fail(str(exc))
+
+
 @app.callback()
 def _load_env() -> None:
     load_dotenv(".env")
@@ -54,13 +81,87 @@ def _load_env() -> None:
 
 @app.command()
 def validate(
-    module: ModuleOption,
+    module: AgentOption,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show warnings")] = False,
 ) -> None:
-    """Check an agent loop's name, tools and run method."""
+    """Check an agent: a v1 loop's name, tools and run method, or a v2 workflow and grader."""
     from rollout_sdk.server.serve import validate_and_report
 
-    if not validate_and_report(load_loop_or_exit(module), verbose=verbose).valid:
+    if not validate_and_report(load_agent_or_exit(module), verbose=verbose).valid:
+        raise typer.Exit(1)
+
+
+@app.command("test")
+def run_rows(
+    module: AgentOption,
+    dataset: Annotated[Path, typer.Option("-d", "--dataset", help=".jsonl, .parquet or .csv")],
+    model: Annotated[str, typer.Option(help="Model name sent to the endpoint")] = "gpt-5-mini",
+    base_url: Annotated[
+        str, typer.Option(help="OpenAI-compatible endpoint (…/v1)")
+    ] = "https://api.openai.com/v1",
+    api_key: Annotated[str | None, typer.Option(help="Key for the endpoint")] = None,
+    api_key_env: Annotated[
+        str, typer.Option(help="Environment variable holding the key (if --api-key is not set)")
+    ] = "OPENAI_API_KEY",
+    max_turns: Annotated[int, typer.Option(help="v1 request max_turns")] = 10,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    max_tokens: Annotated[int | None, typer.Option()] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Rows to run")] = None,
+    offset: Annotated[int, typer.Option(min=0, help="First row to run")] = 0,
+    concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1)] = 1,
+    interactive: Annotated[
+        bool, typer.Option("-i", "--interactive", help="Step through one LLM call at a time")
+    ] = False,
+    row: Annotated[int | None, typer.Option(help="Row to start at (with -i)")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Results: .jsonl per row, else a report")
+    ] = None,
+    log_dir: Annotated[
+        Path | None, typer.Option("--log", help="Write each rollout's trace to DIR/<id>.jsonl")
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Same as --log ./test_debug")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet")] = False,
+) -> None:
+    """Run an agent on dataset rows in this process against any OpenAI-compatible endpoint."""
+    from rich.console import Console
+
+    from rollout_sdk.localrun.command import TestOptions, load_rows, run_test
+    from rollout_sdk.localrun.dataset import DatasetError
+    from rollout_sdk.localrun.runner import RunOptions
+
+    if row is not None and not interactive:
+        fail("--row needs --interactive")
+    agent = load_agent_or_exit(module)
+    params = {"temperature": temperature, "max_tokens": max_tokens}
+    options = TestOptions(
+        dataset=dataset,
+        model=model,
+        base_url=base_url,
+        api_key=api_key or os.environ.get(api_key_env) or None,
+        offset=offset,
+        limit=limit,
+        concurrency=concurrency,
+        interactive=interactive,
+        row=row,
+        output=output,
+        log_dir=Path("test_debug") if debug and log_dir is None else log_dir,
+        quiet=quiet,
+        run=RunOptions(
+            max_turns=max_turns,
+            completion_params={k: v for k, v in params.items() if v is not None},
+            log_dir=Path("test_debug") if debug and log_dir is None else log_dir,
+        ),
+    )
+    try:
+        rows = load_rows(agent, options)
+    except DatasetError as exc:
+        fail(str(exc))
+    if not rows:
+        fail(f"no rows to run in {dataset} (offset {offset}, limit {limit})")
+    console = Console()
+    summary = asyncio.run(run_test(agent, rows, options, console))
+    console.print(summary.table())
+    if summary.stopped_early or summary.failed:
         raise typer.Exit(1)
 
 

@@ -1,4 +1,5 @@
-"""Static checks of a v1 agent loop before it serves traffic (SDK.md §1.10)."""
+"""Static checks of an agent before it serves traffic: a v1 agent loop (SDK.md §1.10) or a
+v2 workflow with its grader (the seed's ``validate_backend`` codes, SDK.md §2.7)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError as PydanticValidationError
 
+from rollout_sdk.agent_workflow import AgentWorkflow
+from rollout_sdk.backend.execution import WorkflowBundle
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.core.schemas import OpenAIFunctionToolSchema, RolloutRequest
+from rollout_sdk.grader import Grader
+
+MAX_AGENT_NAME = 256
 
 
 @dataclass
@@ -186,9 +192,79 @@ def validate_agent_loop(
     )
 
 
+def _concrete(cls: Any, base: type) -> bool:
+    return inspect.isclass(cls) and issubclass(cls, base) and not inspect.isabstract(cls)
+
+
+def _check_instantiates(checker: _Checker, cls: type, config: Any, code: str, what: str) -> None:
+    try:
+        cls(config)
+    except Exception as exc:
+        checker.error(
+            code,
+            f"{cls.__name__}({'config' if config is not None else ''}) raised "
+            f"{type(exc).__name__}: {exc}; a fresh {what} is built for every rollout",
+            exception_type=type(exc).__name__,
+            exception_message=str(exc),
+        )
+
+
+def validate_workflow(bundle: WorkflowBundle, *, require_grader: bool = True) -> ValidationResult:
+    """Check a v2 agent: a concrete workflow class whose ``run`` is async and which builds
+    with its config, a name of 1-256 characters, and (for training) a concrete grader whose
+    ``grade`` is async. Every problem is reported, none raised."""
+    checker = _Checker()
+    workflow = bundle.workflow_cls
+    if not _concrete(workflow, AgentWorkflow):
+        checker.error(
+            "INVALID_WORKFLOW_CLASS",
+            f"{workflow!r} is not a concrete AgentWorkflow subclass (is 'run' implemented?)",
+        )
+    else:
+        if not inspect.iscoroutinefunction(workflow.run):
+            checker.error(
+                "WORKFLOW_RUN_NOT_ASYNC", f"{workflow.__name__}.run must be 'async def run(...)'"
+            )
+        _check_instantiates(
+            checker, workflow, bundle.workflow_config, "WORKFLOW_INIT_FAILED", "workflow"
+        )
+    name = bundle.name if isinstance(bundle.name, str) else None
+    if name is None or not 1 <= len(name.strip()) <= MAX_AGENT_NAME:
+        checker.error(
+            "INVALID_AGENT_NAME",
+            f"the agent's name {bundle.name!r} (its workflow config's name, else the workflow "
+            f"class's) must be 1 to {MAX_AGENT_NAME} characters",
+        )
+    grader = bundle.grader_cls
+    if grader is None:
+        if require_grader:
+            checker.error(
+                "MISSING_GRADER",
+                "no Grader subclass found: training needs one to reward each rollout",
+            )
+    elif not _concrete(grader, Grader):
+        checker.error(
+            "INVALID_GRADER_CLASS",
+            f"{grader!r} is not a concrete Grader subclass (is 'grade' implemented?)",
+        )
+    else:
+        if not inspect.iscoroutinefunction(grader.grade):
+            checker.error(
+                "GRADER_GRADE_NOT_ASYNC", f"{grader.__name__}.grade must be 'async def grade(...)'"
+            )
+        _check_instantiates(checker, grader, bundle.grader_config, "GRADER_INIT_FAILED", "grader")
+    return ValidationResult(
+        valid=not checker.errors,
+        errors=checker.errors,
+        warnings=checker.warnings,
+        agent_name=name,
+    )
+
+
 __all__ = [
     "AgentLoopValidationError",
     "ValidationError",
     "ValidationResult",
     "validate_agent_loop",
+    "validate_workflow",
 ]

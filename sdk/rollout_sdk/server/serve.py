@@ -8,8 +8,9 @@ from pathlib import Path
 
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop
+from rollout_sdk.loader import Agent
 from rollout_sdk.server.api_key import generate_api_key
-from rollout_sdk.validator import ValidationResult, validate_agent_loop
+from rollout_sdk.validator import ValidationResult, validate_agent_loop, validate_workflow
 
 logger = logging.getLogger(__name__)
 
@@ -21,14 +22,21 @@ class ServeError(Exception):
     """The server cannot start with the given options."""
 
 
-def validate_and_report(agent_loop: RolloutAgentLoop, *, verbose: bool = False) -> ValidationResult:
-    """Validate and print a human-readable report."""
-    result = validate_agent_loop(agent_loop)
-    if result.valid:
-        print(f"Agent loop '{result.agent_name}' validated successfully.")
-        print(f"  - Tools: {result.tool_count}")
+def validate_and_report(agent: Agent, *, verbose: bool = False) -> ValidationResult:
+    """Validate either generation's agent and print a human-readable report."""
+    if isinstance(agent, RolloutAgentLoop):
+        kind, result = "Agent loop", validate_agent_loop(agent)
+        facts = [f"Tools: {result.tool_count}"]
     else:
-        print(f"Agent loop validation failed with {len(result.errors)} error(s):")
+        kind, result = "Agent workflow", validate_workflow(agent)
+        grader = agent.grader_cls.__name__ if agent.grader_cls else "none"
+        facts = [f"Workflow: {agent.workflow_cls.__name__}", f"Grader: {grader}"]
+    if result.valid:
+        print(f"{kind} '{result.agent_name}' validated successfully.")
+        for fact in facts:
+            print(f"  - {fact}")
+    else:
+        print(f"{kind} validation failed with {len(result.errors)} error(s):")
         for error in result.errors:
             print(f"  - {error}")
     if verbose or not result.valid:

@@ -1,0 +1,257 @@
+"""A local TrainGate for ``rollout-sdk test``: agents call it as they call a trainer, and it
+forwards each call to a real OpenAI-compatible endpoint with the chosen model and key.
+
+v1 agents post the TrainGate's dialect to ``{bridge}/v1/chat/completions`` (their rollout's
+tools are added to every call, as a trainer would); v2 agents post OpenAI's own dialect to
+``{bridge}/v1/rollouts/<rollout id>/chat/completions``, streamed or not. The bridge keeps each
+rollout's token usage, upstream failures and (when asked) a trace of its calls, and lets a
+:class:`Stepper` pause before every call (the interactive mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from rollout_sdk.core.schemas import MessageDict
+
+# Upstream answers that no retry fixes: the batch stops rather than fail every row the same way.
+FATAL_STATUSES = {401: "authentication failed", 403: "access denied", 429: "quota or rate limit"}
+UPSTREAM_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+# The TrainGate dialect's fields that mean nothing to an OpenAI-compatible endpoint.
+V1_ONLY_FIELDS = ("rollout_id", "logprobs", "model")
+
+
+class Stepper(Protocol):
+    """Watches (and may hold up) each LLM call of a local run."""
+
+    async def before_call(self, rollout_id: str, body: dict[str, Any]) -> bool:
+        """``False``: do not send this call (the run is being abandoned)."""
+        ...
+
+    async def after_call(self, rollout_id: str, message: MessageDict | None) -> None: ...
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def add(self, usage: dict[str, Any] | None) -> None:
+        usage = usage or {}
+        self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        self.completion_tokens += int(usage.get("completion_tokens") or 0)
+
+
+class StreamedMessage:
+    """Rebuilds the assistant message from ``chat.completion.chunk`` SSE events."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.usage: dict[str, Any] | None = None
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        self._pending += data
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            payload = line.strip().removeprefix(b"data:").strip()
+            if not line.startswith(b"data:") or payload == b"[DONE]":
+                continue
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                continue
+            self.usage = chunk.get("usage") or self.usage
+            for choice in chunk.get("choices") or []:
+                self._delta(choice.get("delta") or {})
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        if delta.get("content"):
+            self.content.append(delta["content"])
+        for call in delta.get("tool_calls") or []:
+            slot = self.tool_calls.setdefault(
+                call.get("index", 0),
+                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+            )
+            slot["id"] = call.get("id") or slot["id"]
+            function = call.get("function") or {}
+            slot["function"]["name"] += function.get("name") or ""
+            slot["function"]["arguments"] += function.get("arguments") or ""
+
+    def message(self) -> MessageDict:
+        message: MessageDict = {"role": "assistant", "content": "".join(self.content)}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return message
+
+
+class LLMBridge:
+    def __init__(
+        self,
+        upstream: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        stepper: Stepper | None = None,
+        trace: bool = False,
+    ) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.model = model
+        self.stepper = stepper
+        self.traces: dict[str, list[dict[str, Any]]] | None = {} if trace else None
+        self.tools: dict[str, list[Any]] = {}  # v1 rollout id → tools sent with every call
+        self.usage: dict[str, Usage] = {}
+        self.fatal: str | None = None  # why the batch must stop (auth, quota, unreachable)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(headers=headers, timeout=UPSTREAM_TIMEOUT)
+        self._server: uvicorn.Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        """Serve on a free loopback port; returns the bridge's URL."""
+        app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._v1_call, methods=["POST"]),
+                Route(
+                    "/v1/rollouts/{rollout_id}/chat/completions", self._v2_call, methods=["POST"]
+                ),
+            ]
+        )
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._serving = asyncio.create_task(self._server.serve(sockets=[listener]))
+        while not self._server.started:
+            if self._serving.done():
+                await self._serving  # raises why it could not start
+            await asyncio.sleep(0.01)
+        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._server is not None and self._serving is not None:
+            self._server.should_exit = True
+            await self._serving
+        await self._http.aclose()
+
+    def usage_of(self, rollout_id: str) -> Usage:
+        return self.usage.setdefault(rollout_id, Usage())
+
+    # --- routes ---------------------------------------------------------------------------
+
+    async def _v1_call(self, request: Request) -> Response:
+        body = await _json(request)
+        rollout_id = str(body.get("rollout_id") or "")
+        openai_body = {k: v for k, v in body.items() if k not in V1_ONLY_FIELDS}
+        if self.tools.get(rollout_id):
+            openai_body["tools"] = self.tools[rollout_id]
+        return await self._forward(rollout_id, openai_body)
+
+    async def _v2_call(self, request: Request) -> Response:
+        body = await _json(request)
+        return await self._forward(request.path_params["rollout_id"], body)
+
+    async def _forward(self, rollout_id: str, body: dict[str, Any]) -> Response:
+        body = {**body, "model": self.model}
+        if self.stepper is not None and not await self.stepper.before_call(rollout_id, body):
+            return JSONResponse({"detail": "abandoned at the prompt"}, status_code=503)
+        self._trace(rollout_id, "llm_request", messages=body.get("messages"))
+        started = time.monotonic()
+        url = f"{self.upstream}/chat/completions"
+        try:
+            if body.get("stream"):
+                return await self._stream(rollout_id, url, body, started)
+            response = await self._http.post(url, json=body)
+        except httpx.HTTPError as exc:
+            return self._failed(rollout_id, f"{self.upstream} unreachable: {exc!r}", 502, True)
+        if response.status_code != 200:
+            return self._refused(rollout_id, response.status_code, response.text)
+        answer = response.json()
+        message = ((answer.get("choices") or [{}])[0]).get("message")
+        await self._answered(rollout_id, message, answer.get("usage"), started)
+        return JSONResponse(answer)
+
+    async def _stream(
+        self, rollout_id: str, url: str, body: dict[str, Any], started: float
+    ) -> Response:
+        upstream = await self._http.send(
+            self._http.build_request("POST", url, json=body), stream=True
+        )
+        if upstream.status_code != 200:
+            text = (await upstream.aread()).decode(errors="replace")
+            await upstream.aclose()
+            return self._refused(rollout_id, upstream.status_code, text)
+        rebuilt = StreamedMessage()
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for data in upstream.aiter_raw():
+                    rebuilt.feed(data)
+                    yield data
+            finally:
+                await upstream.aclose()
+                await self._answered(rollout_id, rebuilt.message(), rebuilt.usage, started)
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+    async def _answered(
+        self, rollout_id: str, message: MessageDict | None, usage: Any, started: float
+    ) -> None:
+        tally = self.usage_of(rollout_id)
+        tally.calls += 1
+        tally.add(usage if isinstance(usage, dict) else None)
+        latency_ms = round((time.monotonic() - started) * 1000, 1)
+        self._trace(rollout_id, "llm_response", message=message, usage=usage, latency_ms=latency_ms)
+        if self.stepper is not None:
+            await self.stepper.after_call(rollout_id, message)
+
+    def _refused(self, rollout_id: str, status: int, text: str) -> Response:
+        reason = FATAL_STATUSES.get(status)
+        detail = f"{self.upstream} answered {status}" + (f" ({reason})" if reason else "")
+        return self._failed(rollout_id, f"{detail}: {text[:500]}", status, reason is not None)
+
+    def _failed(self, rollout_id: str, message: str, status: int, fatal: bool) -> Response:
+        self.usage_of(rollout_id).errors.append(message)
+        self._trace(rollout_id, "llm_error", error=message)
+        if fatal and self.fatal is None:
+            self.fatal = message
+        return JSONResponse({"detail": message}, status_code=status)
+
+    def _trace(self, rollout_id: str, event: str, **fields: Any) -> None:
+        if self.traces is not None:
+            self.traces.setdefault(rollout_id, []).append(
+                {"event": event, "ts": time.time(), **fields}
+            )
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    return body if isinstance(body, dict) else {}
+
+
+__all__ = ["LLMBridge", "Stepper", "StreamedMessage", "Usage"]
