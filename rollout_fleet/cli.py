@@ -1,17 +1,25 @@
-"""``rollout-fleet``: run the fleet's processes, or a whole local fleet with one command.
+"""``rollout-fleet``: run the fleet's processes, or a whole local fleet with one command, and
+look into a running fleet (they read its Redis: ``REDIS_URL``).
 
 rollout-fleet up --agent examples/calculator/server.py:agent_loop --mock-trainer
 rollout-fleet gateway --port 8000 --workers 2
 rollout-fleet worker --concurrency 100
 rollout-fleet mock-trainer --responder calculator
 rollout-fleet probe gateway --port 8000
+rollout-fleet status <rollout id>    rollout-fleet ls --status running --older-than 600
+rollout-fleet cancel <rollout id>... rollout-fleet export -o trajectories.jsonl
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import sys
 import time
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -20,6 +28,12 @@ from rich.table import Table
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.cli import mock_trainer
+
+if TYPE_CHECKING:
+    from rollout_worker.inspection import RolloutView
+    from rollout_worker.records import RecordStore
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="rollout-fleet",
@@ -80,18 +94,28 @@ def gateway(
         str | None, typer.Option(help="uvicorn log level (default: ROLLOUT_FLEET_LOG_LEVEL)")
     ] = None,
 ) -> None:
-    """Run the HTTP gateway (admission, health) for the agent named by AGENT."""
+    """Run the HTTP gateway (admission, health, metrics) for the agent named by AGENT."""
+    import tempfile
+
     import uvicorn
 
+    from rollout_worker.logs import log_config
+    from rollout_worker.metrics import MULTIPROC_ENV
     from rollout_worker.settings import FleetSettings
 
+    settings = FleetSettings()
+    if workers > 1 and MULTIPROC_ENV not in os.environ:
+        # Processes sharing the port share their metrics: any of them answers a scrape.
+        os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollout-gateway-metrics-")
+    level = log_level or settings.log_level
     uvicorn.run(
         "rollout_gateway.app:create_app",
         factory=True,
         host=host,
         port=port,
         workers=workers,
-        log_level=log_level or FleetSettings().log_level,
+        log_level=level,
+        log_config=log_config(level, settings.log_format),
         timeout_keep_alive=75,
         loop="uvloop",
         http="httptools",
@@ -165,6 +189,7 @@ def _print_fleet(fleet: LocalFleet, redis_url: str) -> None:
     table.add_column("where")
     table.add_row("gateway", fleet.gateway_url)
     table.add_row("workers", f"{fleet.workers} processes")
+    table.add_row("metrics", f"{fleet.gateway_url}/metrics, workers: {fleet.worker_metrics_urls()}")
     if fleet.flower:
         user, _, password = fleet.flower_auth.partition(":")
         table.add_row("flower", f"{fleet.flower_url}  (user {user}, password {password})")
@@ -243,6 +268,144 @@ def up(
         fleet.stop()
         if redis_server is not None:
             redis_server.stop()
+
+
+def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
+    """Run ``work`` against the fleet's records (``REDIS_URL``, ``ROLLOUT_FLEET_KEY_PREFIX``)."""
+    from rollout_worker.records import RecordStore, connect
+    from rollout_worker.settings import FleetSettings
+
+    async def run() -> T:
+        settings = FleetSettings()
+        redis = connect(settings.redis_dsn, 4)
+        try:
+            return await work(RecordStore(redis, settings.key_prefix, settings.queue))
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
+def _views_table(views: list[RolloutView]) -> Table:
+    table = Table(show_header=True)
+    for column in ("rollout", "protocol", "status", "attempt", "worker", "age s", "run s", "error"):
+        table.add_column(column)
+    for view in views:
+        table.add_row(
+            view.rollout_id,
+            view.protocol,
+            view.status,
+            str(view.attempt),
+            view.worker or "",
+            f"{view.age_seconds:.1f}",
+            "" if view.run_seconds is None else f"{view.run_seconds:.2f}",
+            (view.error or "")[:60],
+        )
+    return table
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
+
+
+@app.command()
+def status(
+    rollout_id: Annotated[str, typer.Argument(help="Rollout id (v1: its idempotency key)")],
+    as_json: JsonOption = False,
+) -> None:
+    """One rollout's record: status, attempts, worker, timings, reward, error."""
+    from rollout_worker.inspection import find
+
+    view = _store_call(lambda store: find(store, rollout_id))
+    if view is None:
+        console.print(f"[red]no rollout {rollout_id!r}[/red]: never admitted, or expired")
+        raise typer.Exit(1)
+    if as_json:
+        print(view.model_dump_json(indent=2))
+        return
+    table = Table(show_header=False, title=f"rollout {rollout_id}")
+    for name, value in view.model_dump().items():
+        table.add_row(name, "" if value is None else str(value))
+    console.print(table)
+
+
+@app.command("ls")
+def list_rollouts(
+    status: Annotated[
+        list[str] | None, typer.Option("--status", "-s", help="Keep this status (repeatable)")
+    ] = None,
+    older_than: Annotated[float | None, typer.Option(help="Admitted at least s ago")] = None,
+    newer_than: Annotated[float | None, typer.Option(help="Admitted at most s ago")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """The rollouts the fleet holds, newest first."""
+    from rollout_worker.inspection import listing
+
+    views = _store_call(
+        lambda store: listing(
+            store,
+            statuses=set(status) if status else None,
+            older_than=older_than,
+            newer_than=newer_than,
+            limit=limit,
+        )
+    )
+    if as_json:
+        print(json.dumps([view.model_dump(mode="json") for view in views], indent=2))
+        return
+    console.print(_views_table(views))
+    console.print(f"{len(views)} rollouts")
+
+
+@app.command()
+def cancel(
+    rollout_ids: Annotated[list[str], typer.Argument(help="Rollout ids (v1: idempotency keys)")],
+) -> None:
+    """Cancel rollouts: a queued one never runs, a running one stops (v1: the trainer is told)."""
+    from rollout_worker.inspection import PROTOCOLS
+    from rollout_worker.settings import FleetSettings
+
+    retention_ms = int(FleetSettings().result_retention_seconds * 1000)
+
+    async def cancel_each(store: RecordStore) -> dict[str, str]:
+        dispositions = {}
+        for rollout_id in rollout_ids:
+            records = [store.keys.record(protocol, rollout_id) for protocol in PROTOCOLS]
+            outcomes = await store.cancel(records, retention_ms)
+            known = [outcome for outcome in outcomes if outcome != "unknown"]
+            dispositions[rollout_id] = known[0] if known else "unknown"
+        return dispositions
+
+    dispositions = _store_call(cancel_each)
+    for rollout_id, disposition in dispositions.items():
+        console.print(f"{rollout_id}: {disposition}")
+    if "unknown" in dispositions.values():
+        raise typer.Exit(1)
+
+
+@app.command()
+def export(
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="JSONL file (default: stdout)")
+    ] = None,
+) -> None:
+    """Every finished rollout the fleet still keeps, one JSON line each (its trajectory)."""
+    from rollout_worker.trajectories import finished_records, trajectory_of
+
+    async def write_all(store: RecordStore) -> int:
+        lines = [
+            json.dumps(trajectory_of(fields), default=str) + "\n"
+            async for fields in finished_records(store)
+        ]
+        if output is None:
+            sys.stdout.writelines(lines)
+        else:
+            await asyncio.to_thread(output.write_text, "".join(lines), encoding="utf-8")
+        return len(lines)
+
+    written = _store_call(write_all)
+    if output is not None:
+        console.print(f"{written} rollouts written to {output}")
 
 
 def main() -> None:

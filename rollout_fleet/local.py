@@ -49,6 +49,7 @@ class LocalFleet:
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
 
     extra_gateway_ports: list[int] = field(default_factory=list)
+    worker_metrics_ports: dict[int, int] = field(default_factory=dict)  # worker index → port
 
     def __post_init__(self) -> None:
         self.extra_gateway_ports = [free_port() for _ in range(self.gateways - 1)]
@@ -95,10 +96,17 @@ class LocalFleet:
         return process
 
     def start_worker(self, index: int, env: dict[str, str] | None = None) -> ManagedProcess:
+        """Worker ``index`` serves its metrics on a port of its own (kept across restarts)."""
         argv = fleet_command("worker", "--name", f"worker{index}@%h")
         if self.concurrency is not None:
             argv += ["--concurrency", str(self.concurrency)]
-        return self._spawn(f"worker-{index}", argv, env or self.process_env())
+        port = self.worker_metrics_ports.setdefault(index, free_port())
+        env = {**(env or self.process_env()), "ROLLOUT_FLEET_METRICS_PORT": str(port)}
+        return self._spawn(f"worker-{index}", argv, env)
+
+    def worker_metrics_urls(self) -> list[str]:
+        ports = sorted(self.worker_metrics_ports.items())
+        return [f"http://127.0.0.1:{port}/metrics" for _, port in ports]
 
     def restart_dead_workers(self) -> list[str]:
         """What a supervisor (compose's restart policy) does: start dead workers again. A

@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rollout_gateway import ready, v1
+from rollout_gateway import inspect, metrics, ready, v1
 from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
@@ -29,7 +29,7 @@ from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import load_agent
 from rollout_sdk.server.http import install_error_handlers, settle_heap
 from rollout_sdk.server.v2_http import QUEUE_FULL, RolloutService, require_bearer, v2_router
-from rollout_worker import celery_app
+from rollout_worker import celery_app, tracing
 from rollout_worker.records import RecordStore, connect
 from rollout_worker.secrets import load_secret_box
 from rollout_worker.settings import FleetSettings
@@ -94,6 +94,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            tracing.shutdown()
             if not speaks_v1:
                 app.state.rollouts.shutting_down = True
             await listener.stop()
@@ -107,12 +108,17 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     app.add_exception_handler(RedisTimeoutError, _store_unavailable)
     app.add_exception_handler(ResponseError, _store_full)
     app.include_router(ready.router, responses=ERROR_RESPONSES)
+    app.include_router(metrics.router)
+    app.include_router(inspect.router, responses=ERROR_RESPONSES)
     if speaks_v1:
         app.include_router(v1.router, responses=ERROR_RESPONSES)
     else:
         if settings.api_key is not None:
             require_bearer(app, settings.api_key.get_secret_value())
         app.include_router(v2_router(_rollouts), responses=ERROR_RESPONSES)
+    app.add_middleware(metrics.CountAdmissions)  # outermost: counts every answer
+    if settings.tracing:
+        tracing.setup("rollout-gateway", app)
     return app
 
 

@@ -22,7 +22,7 @@ from rollout_gateway.state import AuthorizationHeader, Gateway, GatewayDep
 from rollout_sdk.core.schemas import HealthResponse, InitResponse, RolloutRequest
 from rollout_sdk.runner import PreparedRollout, ToolsError, prepare_rollout
 from rollout_sdk.server.http import INVALID_KEY_DETAIL, require_platform_key, require_v1_key
-from rollout_worker import v1
+from rollout_worker import tracing, v1
 from rollout_worker.envelope import task_message
 from rollout_worker.secrets import redact
 
@@ -75,7 +75,13 @@ async def admit(gateway: Gateway, request: RolloutRequest) -> Response:
                 record,
                 token,
                 int(settings.inflight_ttl_seconds * 1000),
-                task_message(gateway.celery, record, request.rollout_id, store.queue),
+                task_message(
+                    gateway.celery,
+                    record,
+                    request.rollout_id,
+                    store.queue,
+                    tracing.context_fields(),
+                ),
                 v1.admission_fields(request, body, gateway.box),
             )
             if committed:

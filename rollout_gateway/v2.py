@@ -41,7 +41,7 @@ from rollout_sdk.types import (
     RolloutServerHealth,
     RolloutStatus,
 )
-from rollout_worker import v2
+from rollout_worker import tracing, v2
 from rollout_worker.envelope import task_message
 
 DRAIN_POLL_SECONDS = 0.2
@@ -76,7 +76,13 @@ class FleetRollouts(RolloutService):
             max_queued=gateway.settings.max_queued,
             poll_lease_ms=self._lease_ms,
             ttl_ms=int(gateway.settings.inflight_ttl_seconds * 1000),
-            message=task_message(gateway.celery, record, request.rollout_id, gateway.store.queue),
+            message=task_message(
+                gateway.celery,
+                record,
+                request.rollout_id,
+                gateway.store.queue,
+                tracing.context_fields(),
+            ),
             lease_digest=lease_digest(token),
             fields=v2.admission_fields(request, gateway.box),
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
@@ -30,10 +31,13 @@ def task_id_for(record_key: str) -> str:
     return str(uuid.uuid5(_TASK_ID_NAMESPACE, record_key))
 
 
-def task_message(app: Celery, record_key: str, label: str, queue: str) -> str:
+def task_message(
+    app: Celery, record_key: str, label: str, queue: str, headers: Mapping[str, str] | None = None
+) -> str:
     """The queued form of ``rollout.run(record_key)``; ``label`` is what Flower shows as args.
 
-    The message carries only the record key: the request and its secrets stay in Redis.
+    The message carries only the record key (the request and its secrets stay in Redis) and
+    any extra ``headers`` (a trace context).
     """
     task_id = task_id_for(record_key)
     message = app.amqp.as_task_v2(
@@ -44,6 +48,7 @@ def task_message(app: Celery, record_key: str, label: str, queue: str) -> str:
         kwargsrepr="{}",
         ignore_result=True,
     )
+    message.headers.update(headers or {})
     content_type, content_encoding, body = dumps(message.body, serializer="json")
     raw = body.encode(content_encoding) if isinstance(body, str) else body
     return json.dumps(

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rollout_worker.records import Claim, RecordStore, Status
+from redis.exceptions import RedisError
+
+from rollout_worker import logs, metrics, tracing
+from rollout_worker.records import Claim, RecordStore, Status, Verdict
 from rollout_worker.settings import FleetSettings
+from rollout_worker.trajectories import TrajectorySink
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +84,10 @@ class Executor:
         carriers: Mapping[str, Carrier],
         concurrency: int,
         requeue_message: Callable[[str], str],
+        sink: TrajectorySink | None = None,
     ) -> None:
         self.store = store
+        self._sink = sink
         self.owner = owner
         self._settings = settings
         self._carriers = carriers
@@ -106,6 +113,10 @@ class Executor:
 
     async def execute(self, record: str) -> str:
         """Run one delivery of ``rollout.run``; returns a short outcome for Flower."""
+        with logs.about(self.store.keys.rollout_key(record)):
+            return await self._execute(record)
+
+    async def _execute(self, record: str) -> str:
         owner = f"{self.owner}:{uuid.uuid4().hex[:8]}"
         claim = await self.store.claim(
             record,
@@ -122,14 +133,33 @@ class Executor:
         task = asyncio.current_task()
         assert task is not None
         self._executions[owner] = _Execution(record, task)
-        carrier = self._carriers[claim.record["protocol"]]
+        protocol = claim.record["protocol"]
+        if claim.attempt == 1 and claim.verdict is Verdict.RUNNING:
+            metrics.QUEUE_WAIT.labels(protocol).observe(claim.ms_since_accepted / 1000)
+        carrier = self._carriers[protocol]
         lease = Lease(self.store, record, owner, carrier.retention_ms)
+        started = time.monotonic()
+        metrics.INFLIGHT.inc()
         try:
             async with self._slots:
-                status = await carrier.carry(claim, lease)
+                with tracing.execution(claim.record, self.store.keys.rollout_key(record)):
+                    status = await carrier.carry(claim, lease)
         finally:
+            metrics.INFLIGHT.dec()
             del self._executions[owner]
-        return status.value if status is not None else LEASE_LOST
+        if status is None:
+            return LEASE_LOST
+        metrics.DURATION.labels(protocol, status.value).observe(time.monotonic() - started)
+        if self._sink is not None:
+            await self._keep_trajectory(record)
+        return status.value
+
+    async def _keep_trajectory(self, record: str) -> None:
+        assert self._sink is not None
+        try:
+            await self._sink.write(record)
+        except (OSError, RedisError) as exc:  # the rollout is done either way
+            logger.warning("%s: trajectory not written to the sink: %r", record, exc)
 
     async def hand_back(self, grace_seconds: float) -> int:
         """The worker is stopping: let running rollouts finish for ``grace_seconds``, then
@@ -145,6 +175,7 @@ class Executor:
             if await self._release(execution.record, owner):
                 execution.task.cancel()
                 handed += 1
+        metrics.REQUEUES.labels("handed_back").inc(handed)
         return handed
 
     async def _release(self, record: str, owner: str) -> bool:
@@ -168,6 +199,7 @@ class Executor:
             execution = self._executions.get(owner)
             if execution is not None:
                 execution.task.cancel()
+                metrics.WORKER_LEASES_LOST.inc()
                 logger.warning("%s: lease lost; its execution here stopped", execution.record)
 
 

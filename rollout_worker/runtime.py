@@ -16,17 +16,18 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from celery import Celery
 from celery.worker import state as worker_state
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from rollout_sdk.client import HttpClientShards
+from rollout_sdk.client import HttpClientShards, observe_traingate_calls
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
-from rollout_worker import v1, v2
+from rollout_worker import metrics, v1, v2
 from rollout_worker.envelope import task_id_for, task_message
 from rollout_worker.execution import Carrier, Executor
 from rollout_worker.loop import LoopThread
@@ -34,6 +35,7 @@ from rollout_worker.records import RecordStore, connect
 from rollout_worker.secrets import load_secret_box
 from rollout_worker.settings import FleetSettings
 from rollout_worker.sweeper import Sweeper
+from rollout_worker.trajectories import TrajectorySink
 from rollout_worker.watchdog import LoopWatchdog, Stall, TaskLineage
 
 logger = logging.getLogger(__name__)
@@ -67,8 +69,16 @@ class WorkerRuntime:
         self._redis: Redis | None = None
         self._http: HttpClientShards | None = None
         self._executor: Executor | None = None
+        self._metrics_server: tuple[WSGIServer, threading.Thread] | None = None
 
     def start(self) -> None:
+        observe_traingate_calls(metrics.observe_traingate_call)
+        port = self.settings.metrics_port
+        if port is not None:
+            try:
+                self._metrics_server = metrics.serve(port)
+            except OSError:  # a second worker on this host: its metrics, not its rollouts, go
+                logger.exception("no /metrics for this worker: port %d is taken", port)
         self._lineage.install(self._loop.loop)
         self._loop.start()
         self._loop.run(self._open())
@@ -86,6 +96,8 @@ class WorkerRuntime:
             self._watchdog.stop()
         self._loop.run(self._close(), timeout=30)
         self._loop.stop()
+        if self._metrics_server is not None:
+            self._metrics_server[0].shutdown()
 
     def mark_ready(self) -> None:
         """The consumer is running: announce this worker now rather than at the next beat."""
@@ -205,8 +217,18 @@ class WorkerRuntime:
 
         self._requeue_message = requeue_message
 
+        sink = None
+        if settings.trajectory_dir:
+            name = self.owner.replace(":", "-")
+            sink = TrajectorySink(store, Path(settings.trajectory_dir), name)
         self._executor = Executor(
-            store, self.owner, settings, {protocol: carrier}, self.concurrency, requeue_message
+            store,
+            self.owner,
+            settings,
+            {protocol: carrier},
+            self.concurrency,
+            requeue_message,
+            sink,
         )
         sweeper = Sweeper(store, requeue_message, settings)
         self._background = [

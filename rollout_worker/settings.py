@@ -133,6 +133,26 @@ class FleetSettings(BaseSettings):
         description="Workers send Celery task events (what Flower shows); each rollout costs "
         "three Redis publishes more, a large part of the fleet's own CPU per rollout.",
     )
+    trajectory_dir: str | None = Field(
+        None,
+        description="Workers append each finished rollout's trajectory (the export line of "
+        "`rollout-fleet export`) to <dir>/<worker>.jsonl as it finishes; unset: none.",
+    )
+    tracing: bool = Field(
+        False,
+        description="OpenTelemetry: one trace per rollout (gateway, worker, TrainGate calls), "
+        "exported over OTLP/HTTP as the OTEL_* variables say. Needs rollout-fleet[tracing].",
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Worker processes serve Prometheus metrics (GET /metrics) on this port; "
+        "unset: none. Gateways always serve GET /metrics on their own port.",
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or one JSON object each (with rollout_id)."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info",
         description="Log level of gateways (info: one access line per request) and workers "

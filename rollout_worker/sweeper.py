@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from rollout_worker import metrics
 from rollout_worker.records import RecordStore
 from rollout_worker.settings import FleetSettings
 
@@ -55,12 +56,14 @@ class Sweeper:
         for tag, record in await self._store.stale_deliveries(taken_before, SWEEP_BATCH):
             if await self._store.restore_unstarted(record, tag, self._requeue_message(record)):
                 requeued += 1
+                metrics.REQUEUES.labels("unstarted").inc()
                 logger.warning(
                     "rollout %s: taken by a worker that never started it; requeued",
                     self._store.keys.rollout_key(record),
                 )
         requeued += await self._resend_lost()
         expired = await self._store.expire_polls(SWEEP_BATCH, self._retention_ms)
+        metrics.POLL_LEASE_EXPIRIES.inc(expired)
         if expired:
             logger.warning("%d rollouts were not polled in time: failed as lease_expired", expired)
         await self._store.prune(self._inflight_ttl_ms)
@@ -74,6 +77,7 @@ class Sweeper:
         for record in lapsed:
             if await self._store.requeue(record, self._requeue_message(record)):
                 requeued += 1
+                metrics.REQUEUES.labels("lease_lapsed").inc()
                 logger.warning(
                     "rollout %s: its worker stopped renewing the lease; requeued",
                     self._store.keys.rollout_key(record),
@@ -89,6 +93,7 @@ class Sweeper:
         for record in sorted(found & previous):
             if await self._store.resend(record, self._requeue_message(record), self._lost_check_ms):
                 resent += 1
+                metrics.REQUEUES.labels("lost_message").inc()
                 logger.warning(
                     "rollout %s: its message was lost on the way to a worker; resent",
                     self._store.keys.rollout_key(record),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 from typing import Any
 
 from celery import signals
@@ -17,13 +18,41 @@ from redis.exceptions import RedisError
 
 from rollout_sdk.loader import AgentLoadError, load_agent
 from rollout_sdk.server.http import settle_heap
+from rollout_worker import logs, tracing
 from rollout_worker.celery_app import app, settings
 from rollout_worker.envelope import TASK_NAME
+from rollout_worker.records import Keys
 from rollout_worker.runtime import WorkerRuntime
 
 logger = logging.getLogger(__name__)
 
 _runtime: WorkerRuntime | None = None
+
+
+@signals.setup_logging.connect
+def _configure_logging(loglevel: int | str | None = None, **_: Any) -> None:
+    """Ours instead of Celery's: the fleet's format, with each line's rollout."""
+    level = logging.getLevelName(loglevel) if isinstance(loglevel, int) else loglevel
+    logs.configure(level or settings.log_level, settings.log_format)
+
+
+# A pool thread runs one task at a time: the rollout its log lines name, while it runs.
+_naming = threading.local()
+
+
+@signals.task_prerun.connect
+def _name_rollout(args: Any = None, **_: Any) -> None:
+    """Celery's own lines about a task (its outcome) name the task's rollout."""
+    if args:
+        _naming.token = logs.begin(Keys(settings.key_prefix).rollout_key(args[0]))
+
+
+@signals.task_postrun.connect
+def _unname_rollout(**_: Any) -> None:
+    token = getattr(_naming, "token", None)
+    if token is not None:
+        _naming.token = None
+        logs.end(token)
 
 
 @signals.worker_init.connect
@@ -35,9 +64,8 @@ def _start_runtime(sender: Any = None, **_: Any) -> None:
         agent = load_agent(settings.agent)
     except AgentLoadError as exc:
         raise SystemExit(f"cannot load the agent {settings.agent!r}: {exc}") from exc
-    if settings.log_level != "debug":
-        # httpx logs each request at INFO: a line per LLM call, noise and CPU at fleet rates.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    if settings.tracing:
+        tracing.setup("rollout-worker")
     concurrency = getattr(sender, "concurrency", None) or settings.concurrency
     runtime = WorkerRuntime(settings, app, agent, concurrency)
     try:
@@ -73,6 +101,7 @@ def _hand_back(**_: Any) -> None:
 def _stop_runtime(**_: Any) -> None:
     if _runtime is not None:
         _runtime.stop()
+    tracing.shutdown()
 
 
 @signals.task_revoked.connect

@@ -21,6 +21,7 @@ from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import OsmosisRolloutError
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
 from rollout_sdk.runner import error_response, run_agent_loop
+from rollout_worker import metrics, tracing
 from rollout_worker.execution import Lease, time_limit_message
 from rollout_worker.records import Claim, Status, Verdict
 from rollout_worker.secrets import SecretBox, redact
@@ -28,6 +29,7 @@ from rollout_worker.secrets import SecretBox, redact
 logger = logging.getLogger(__name__)
 
 PROTOCOL = "v1"
+AGENT_ERROR = "agent_error"  # v1 results carry no error category; a failed one is the agent's
 CANCELLED_MESSAGE = "rollout cancelled before it finished"
 
 
@@ -38,6 +40,7 @@ def admission_fields(request: RolloutRequest, response_json: str, box: SecretBox
         "rollout_id": request.rollout_id,
         "request": request.model_dump_json(exclude={"api_key"}),
         "response": response_json,
+        **tracing.context_fields(),
     }
     if request.api_key:
         fields["secret"] = box.seal(request.api_key)
@@ -90,44 +93,57 @@ class V1Carrier:
         if claim.verdict is Verdict.DELIVERING:
             response = RolloutResponse.model_validate_json(claim.record["result"])
         else:
-            response = await self._produce(claim, request)
-            if not await lease.advance(Status.DELIVERING, result=response.wire_json()):
+            response, turns = await self._produce(claim, request)
+            stored = await lease.advance(
+                Status.DELIVERING, result=response.wire_json(), turns=json.dumps(turns)
+            )
+            if not stored:
                 return None
         delivery = await self._deliver(request, response)
         status = terminal_status(response)
-        await lease.advance(status, delivery=delivery)
+        if not await lease.advance(status, delivery=delivery):
+            return None
+        metrics.rollout_finished(
+            PROTOCOL, status, None if status is Status.SUCCESS else AGENT_ERROR
+        )
         return status
 
-    async def _produce(self, claim: Claim, request: RolloutRequest) -> RolloutResponse:
-        """Run the agent, or explain why it did not run; the trainer hears back either way."""
+    async def _produce(
+        self, claim: Claim, request: RolloutRequest
+    ) -> tuple[RolloutResponse, list[dict[str, Any]]]:
+        """Run the agent, or explain why it did not run (the trainer hears back either way);
+        with what each of its LLM calls returned besides the message."""
         if claim.verdict is Verdict.CANCELLED:
-            return error_response(request.rollout_id, CANCELLED_MESSAGE)
+            return error_response(request.rollout_id, CANCELLED_MESSAGE), []
         if claim.verdict is Verdict.EXHAUSTED:
-            return error_response(
-                request.rollout_id,
+            message = (
                 f"rollout abandoned after {claim.attempt - 1} attempts: the workers running it "
-                "stopped (crashed or were killed) each time",
+                "stopped (crashed or were killed) each time"
             )
+            return error_response(request.rollout_id, message), []
         if claim.verdict is Verdict.ABANDONED:
-            return error_response(request.rollout_id, claim.record["abandon_reason"])
+            return error_response(request.rollout_id, claim.record["abandon_reason"]), []
         tools: list[Any] = json.loads(claim.record["response"])["tools"]
+        client = self._client(request)
         ctx = RolloutContext(
             request,
             tools,
-            self._client(request),
+            client,
             # total_latency_ms counts from admission, queue time included (P§1.6).
             _start_time=time.monotonic() - claim.ms_since_accepted / 1000,
             _debug_dir=self._debug_dir,
         )
         try:
             async with asyncio.timeout(self._time_limit or None):
-                return await run_agent_loop(self._agent_loop, ctx)
+                response = await run_agent_loop(self._agent_loop, ctx)
         except TimeoutError:  # ours: run_agent_loop turns the agent's own errors into results
-            return error_response(request.rollout_id, time_limit_message(self._time_limit), ctx)
+            message = time_limit_message(self._time_limit)
+            response = error_response(request.rollout_id, message, ctx)
         except asyncio.CancelledError:
             # Cancelled by an operator (Flower's Revoke) or because the lease was lost; in the
             # latter case storing this result fails and another worker owns the rollout.
-            return error_response(request.rollout_id, CANCELLED_MESSAGE, ctx)
+            response = error_response(request.rollout_id, CANCELLED_MESSAGE, ctx)
+        return response, client.turns()
 
     async def _deliver(self, request: RolloutRequest, response: RolloutResponse) -> str:
         try:
@@ -137,7 +153,9 @@ class V1Carrier:
             logger.warning(
                 "rollout %s: completion callback not delivered: %s", request.rollout_id, reason
             )
+            metrics.CALLBACKS.labels("failed").inc()
             return f"failed: {reason}"
+        metrics.CALLBACKS.labels("delivered").inc()
         return "delivered"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -25,6 +26,7 @@ from rollout_sdk.types import (
     RolloutStatus,
     wire_result,
 )
+from rollout_worker import metrics, tracing
 from rollout_worker.execution import Lease, time_limit_message
 from rollout_worker.records import Claim, Status, Verdict
 from rollout_worker.secrets import SecretBox
@@ -40,6 +42,7 @@ def admission_fields(request: RolloutInitRequest, box: SecretBox) -> dict[str, s
         "protocol": PROTOCOL,
         "rollout_id": request.rollout_id,
         "request": request.model_dump_json(exclude={"llm_api_key"}),
+        **tracing.context_fields(),
     }
     if request.llm_api_key:
         fields["secret"] = box.seal(request.llm_api_key)
@@ -90,12 +93,12 @@ class V2Carrier:
             result = failure_result(request.rollout_id, reason, RolloutErrorCategory.AGENT_ERROR)
             return await self._record(lease, result)
         try:
-            result = await self._run(request, claim, lease)
+            result, trajectory = await self._run(request, claim, lease)
         except asyncio.CancelledError:
             # Cancel requested, poll lease expired, or worker lease lost: only a rollout this
             # worker still holds can record the cancellation.
             return await self._record(lease, cancelled_result(request.rollout_id))
-        return await self._record(lease, result)
+        return await self._record(lease, result, trajectory)
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
@@ -107,7 +110,10 @@ class V2Carrier:
 
     async def _run(
         self, request: RolloutInitRequest, claim: Claim, lease: Lease
-    ) -> RolloutResultResponse:
+    ) -> tuple[RolloutResultResponse, str]:
+        """The wire result, and for trajectory exports the sample's ``trajectory_messages`` as
+        JSON when they differ from its messages (the wire never carries them; "" if none)."""
+
         async def report(status: RolloutStatus) -> None:
             if status is RolloutStatus.GRADING:
                 await lease.advance(Status.GRADING)
@@ -129,17 +135,29 @@ class V2Carrier:
                     )
             except TimeoutError:
                 message = time_limit_message(self._time_limit)
-                return failure_result(request.rollout_id, message, RolloutErrorCategory.TIMEOUT)
+                timed_out = RolloutErrorCategory.TIMEOUT
+                return failure_result(request.rollout_id, message, timed_out), ""
             except Exception as exc:
                 logger.exception(
                     "rollout %s: execution crashed outside user code", request.rollout_id
                 )
-                return failure_result(request.rollout_id, str(exc) or "rollout task crashed")
-        return wire_result(request.rollout_id, outcome.result)
+                return failure_result(request.rollout_id, str(exc) or "rollout task crashed"), ""
+        sample = outcome.result.sample
+        trajectory = list(sample.trajectory_messages or []) if sample is not None else []
+        differs = sample is not None and trajectory != list(sample.messages)
+        kept = json.dumps(trajectory, default=str) if trajectory and differs else ""
+        return wire_result(request.rollout_id, outcome.result), kept
 
-    async def _record(self, lease: Lease, result: RolloutResultResponse) -> Status | None:
+    async def _record(
+        self, lease: Lease, result: RolloutResultResponse, trajectory: str = ""
+    ) -> Status | None:
         status = Status(result.status.value)
-        return status if await lease.advance(status, result=result.wire_json()) else None
+        fields = {"trajectory": trajectory} if trajectory else {}
+        if not await lease.advance(status, result=result.wire_json(), **fields):
+            return None
+        category = result.err_category.value if result.err_category else None
+        metrics.rollout_finished(PROTOCOL, status, category)
+        return status
 
 
 __all__ = ["PROTOCOL", "V2Carrier", "admission_fields", "failure_result", "request_from_record"]

@@ -204,6 +204,7 @@ class OsmosisLLMClient:
         self._http = http_client
         self._owns_http = http_client is None
         self._metrics = RolloutMetrics()
+        self._turns: list[dict[str, Any]] = []
 
     async def __aenter__(self) -> OsmosisLLMClient:
         return self
@@ -218,6 +219,11 @@ class OsmosisLLMClient:
 
     def get_metrics(self) -> RolloutMetrics:
         return self._metrics.model_copy()
+
+    def turns(self) -> list[dict[str, Any]]:
+        """What each answered chat call returned besides its message: token ids and logprobs
+        (when the TrainGate sent them), usage, finish reason, latency; for trajectories."""
+        return list(self._turns)
 
     async def chat_completions(
         self,
@@ -255,8 +261,19 @@ class OsmosisLLMClient:
                 f"TrainGate returned an unusable chat completion: {exc}", response.status_code
             ) from exc
         usage = parsed.usage or {}
+        latency_ms = (time.monotonic() - started) * 1000
+        finish_reason = choice.finish_reason or "stop"
+        self._turns.append(
+            {
+                "token_ids": parsed.token_ids,
+                "logprobs": parsed.logprobs,
+                "usage": usage,
+                "finish_reason": finish_reason,
+                "latency_ms": round(latency_ms, 1),
+            }
+        )
         metrics = self._metrics
-        metrics.llm_latency_ms += (time.monotonic() - started) * 1000
+        metrics.llm_latency_ms += latency_ms
         metrics.num_llm_calls += 1
         metrics.prompt_tokens += int(usage.get("prompt_tokens") or 0)
         metrics.response_tokens += int(usage.get("completion_tokens") or 0)
@@ -265,7 +282,7 @@ class OsmosisLLMClient:
             token_ids=parsed.token_ids or [],
             logprobs=parsed.logprobs or [],
             usage=usage,
-            finish_reason=choice.finish_reason or "stop",
+            finish_reason=finish_reason,
         )
 
     async def complete_rollout(

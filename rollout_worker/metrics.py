@@ -1,0 +1,170 @@
+"""Prometheus metrics of the fleet's processes.
+
+Gateways count admissions (``GET /metrics``, with the fleet-wide queue figures read from Redis
+at each scrape: ``rollout_gateway/metrics.py``); each worker process counts what it runs and
+serves them on ``ROLLOUT_FLEET_METRICS_PORT``. Processes sharing one port
+(``rollout-fleet gateway --workers N``) write to ``PROMETHEUS_MULTIPROC_DIR`` and a scrape of
+any of them merges all (prometheus-client's multiprocess mode).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from wsgiref.simple_server import WSGIServer
+
+import httpx
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    multiprocess,
+    start_http_server,
+)
+
+from rollout_sdk.client import ATTEMPT_EXTENSION
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Seconds: from a no-op rollout's milliseconds to an agent's hour.
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# OpenAI's client numbers its retries in this header (the v1 client uses ATTEMPT_EXTENSION).
+OPENAI_RETRY_HEADER = "x-stainless-retry-count"
+
+# --- gateway ---------------------------------------------------------------------------------
+ADMISSIONS = Counter(
+    "rollout_fleet_admissions",
+    "Admission requests (v1 POST /v1/rollout/init, v2 POST /rollout) by answer: 202, 409, "
+    "429, 503, or 4xx/5xx for the others",
+    ["protocol", "outcome"],
+)
+
+# --- workers ---------------------------------------------------------------------------------
+INFLIGHT = Gauge(
+    "rollout_fleet_worker_inflight_rollouts",
+    "Rollouts this worker process is running",
+    multiprocess_mode="livesum",
+)
+QUEUE_WAIT = Histogram(
+    "rollout_fleet_queue_wait_seconds",
+    "From admission to a worker's first claim",
+    ["protocol"],
+    buckets=DURATION_BUCKETS,
+)
+DURATION = Histogram(
+    "rollout_fleet_rollout_duration_seconds",
+    "From a worker's claim to the rollout's terminal status, per execution",
+    ["protocol", "status"],
+    buckets=DURATION_BUCKETS,
+)
+FINISHED = Counter(
+    "rollout_fleet_rollouts_finished",
+    "Rollouts a worker took to a terminal status, by status and error category ('' for success)",
+    ["protocol", "status", "error_category"],
+)
+TRAINGATE_CALLS = Counter(
+    "rollout_fleet_traingate_requests",
+    "Requests to the TrainGate (kind: chat or callback) by outcome: the status class, "
+    "timeout or transport_error",
+    ["kind", "outcome"],
+)
+TRAINGATE_LATENCY = Histogram(
+    "rollout_fleet_traingate_request_duration_seconds",
+    "TrainGate request latency, until the response headers",
+    ["kind"],
+    buckets=CALL_BUCKETS,
+)
+TRAINGATE_RETRIES = Counter(
+    "rollout_fleet_traingate_retries", "TrainGate requests that retried a failed one", ["kind"]
+)
+CALLBACKS = Counter(
+    "rollout_fleet_callbacks",
+    "v1 completion callbacks by outcome (delivered, or failed after every retry)",
+    ["outcome"],
+)
+REQUEUES = Counter(
+    "rollout_fleet_requeues",
+    "Rollouts put back on the queue: lease_lapsed (their worker died), unstarted (taken, never "
+    "started), lost_message (resent), handed_back (a stopping worker)",
+    ["reason"],
+)
+WORKER_LEASES_LOST = Counter(
+    "rollout_fleet_worker_leases_lost",
+    "Executions stopped because another worker took their rollout over",
+)
+POLL_LEASE_EXPIRIES = Counter(
+    "rollout_fleet_poll_lease_expiries",
+    "v2 rollouts failed as lease_expired because no trainer polled them in time",
+)
+
+
+def registry() -> CollectorRegistry:
+    """What a scrape of this process shows: its own metrics, or with ``MULTIPROC_ENV`` set,
+    those of every process writing there."""
+    if MULTIPROC_ENV not in os.environ:
+        return REGISTRY
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+    return merged
+
+
+def serve(port: int, address: str = "0.0.0.0") -> tuple[WSGIServer, threading.Thread]:
+    """``/metrics`` on ``port``, answered by a thread of its own (never the event loop)."""
+    return start_http_server(port, address, registry())
+
+
+def rollout_finished(protocol: str, status: str, error_category: str | None) -> None:
+    FINISHED.labels(protocol, status, error_category or "").inc()
+
+
+def _kind(request: httpx.Request) -> str:
+    return "callback" if request.url.path.endswith("/rollout/completed") else "chat"
+
+
+def _outcome(response: httpx.Response | None, error: BaseException | None) -> str:
+    if response is not None:
+        return f"{response.status_code // 100}xx"
+    if isinstance(error, httpx.TimeoutException):
+        return "timeout"
+    return "transport_error"
+
+
+def _retried(request: httpx.Request) -> bool:
+    attempt = request.extensions.get(ATTEMPT_EXTENSION, 0)
+    return bool(attempt) or request.headers.get(OPENAI_RETRY_HEADER, "0") != "0"
+
+
+def observe_traingate_call(
+    request: httpx.Request,
+    response: httpx.Response | None,
+    error: BaseException | None,
+    seconds: float,
+) -> None:
+    """An SDK call observer (``rollout_sdk.client.observe_traingate_calls``)."""
+    kind = _kind(request)
+    TRAINGATE_CALLS.labels(kind, _outcome(response, error)).inc()
+    TRAINGATE_LATENCY.labels(kind).observe(seconds)
+    if _retried(request):
+        TRAINGATE_RETRIES.labels(kind).inc()
+
+
+__all__ = [
+    "ADMISSIONS",
+    "CALLBACKS",
+    "DURATION",
+    "FINISHED",
+    "INFLIGHT",
+    "POLL_LEASE_EXPIRIES",
+    "QUEUE_WAIT",
+    "REQUEUES",
+    "TRAINGATE_CALLS",
+    "TRAINGATE_LATENCY",
+    "TRAINGATE_RETRIES",
+    "WORKER_LEASES_LOST",
+    "observe_traingate_call",
+    "registry",
+    "rollout_finished",
+    "serve",
+]
