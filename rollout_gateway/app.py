@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rollout_gateway import inspect, metrics, ready, v1
+from rollout_gateway import lookup, metrics, ready, v1
 from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
@@ -109,7 +109,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     app.add_exception_handler(ResponseError, _store_full)
     app.include_router(ready.router, responses=ERROR_RESPONSES)
     app.include_router(metrics.router)
-    app.include_router(inspect.router, responses=ERROR_RESPONSES)
+    app.include_router(lookup.router, responses=ERROR_RESPONSES)
     if speaks_v1:
         app.include_router(v1.router, responses=ERROR_RESPONSES)
     else:

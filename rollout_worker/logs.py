@@ -44,10 +44,6 @@ def end(token: Token[str | None]) -> None:
     _rollout.reset(token)
 
 
-def current_rollout() -> str | None:
-    return _rollout.get()
-
-
 class RolloutIdFilter(logging.Filter):
     """Adds ``rollout_id`` (and ``rollout``, its text form) to every record."""
 
@@ -109,7 +105,6 @@ __all__ = [
     "about",
     "begin",
     "configure",
-    "current_rollout",
     "end",
     "log_config",
 ]
