@@ -71,6 +71,7 @@ class TrajectorySink:
         self._store = store
         self._path = directory / f"{name}.jsonl"
         self._lock = asyncio.Lock()
+        self._made = False  # the directory, on the first write (off the event loop)
 
     async def write(self, record: str) -> None:
         fields = await self._store.load(record)
@@ -81,7 +82,9 @@ class TrajectorySink:
             await asyncio.to_thread(self._append, line)
 
     def _append(self, line: str) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._made:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._made = True
         with self._path.open("a", encoding="utf-8") as sink:
             sink.write(line)
 

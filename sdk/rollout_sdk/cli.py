@@ -144,7 +144,6 @@ def run_rows(
         interactive=interactive,
         row=row,
         output=output,
-        log_dir=Path("test_debug") if debug and log_dir is None else log_dir,
         quiet=quiet,
         run=RunOptions(
             max_turns=max_turns,

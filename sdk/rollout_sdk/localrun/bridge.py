@@ -31,7 +31,7 @@ from rollout_sdk.core.schemas import MessageDict
 FATAL_STATUSES = {401: "authentication failed", 403: "access denied", 429: "quota or rate limit"}
 UPSTREAM_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 # The TrainGate dialect's fields that mean nothing to an OpenAI-compatible endpoint.
-V1_ONLY_FIELDS = ("rollout_id", "logprobs", "model")
+V1_ONLY_FIELDS = ("rollout_id", "logprobs")
 
 
 class Stepper(Protocol):

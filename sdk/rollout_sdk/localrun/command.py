@@ -37,7 +37,6 @@ class TestOptions:
     interactive: bool = False
     row: int | None = None
     output: Path | None = None
-    log_dir: Path | None = None
     quiet: bool = False
     run: RunOptions = field(default_factory=RunOptions)
 
@@ -93,10 +92,10 @@ async def run_test(
         options.model,
         options.api_key,
         stepper=stepper,
-        trace=options.log_dir is not None,
+        trace=options.run.log_dir is not None,
     )
-    if options.log_dir is not None:
-        options.log_dir.mkdir(parents=True, exist_ok=True)
+    if options.run.log_dir is not None:
+        options.run.log_dir.mkdir(parents=True, exist_ok=True)
     runner = LocalRunner(agent, bridge, options.run, _settings(options.interactive))
     started = time.monotonic()
     await bridge.start()
