@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 
+from rollout_core.store import Keys
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_fleet.redis_server import RedisServer
-from rollout_worker.records import Keys
 
 BIN = Path(sys.executable).parent
 LOG_DIR = Path(tempfile.mkdtemp(prefix="rollout-bench-"))

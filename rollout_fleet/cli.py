@@ -30,8 +30,8 @@ from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.cli import mock_trainer
 
 if TYPE_CHECKING:
-    from rollout_worker.inspection import RolloutView
-    from rollout_worker.records import RecordStore
+    from rollout_core.store import RecordStore
+    from rollout_core.views import RolloutView
 
 T = TypeVar("T")
 
@@ -53,8 +53,8 @@ def probe_gateway(
     host: Annotated[str, typer.Option(help="Gateway host")] = "127.0.0.1",
 ) -> None:
     """The gateway is ready: its agent loaded and Redis answers (GET /ready)."""
+    from rollout_core.settings import FleetSettings
     from rollout_fleet import probe
-    from rollout_worker.settings import FleetSettings
 
     key = FleetSettings().api_key
     try:
@@ -74,8 +74,8 @@ def probe_worker(
     ] = 30.0,
 ) -> None:
     """This host's worker is consuming: its liveness file is fresh."""
+    from rollout_core.settings import FleetSettings
     from rollout_fleet import probe
-    from rollout_worker.settings import FleetSettings
 
     try:
         age = probe.probe_worker(FleetSettings(), max_age)
@@ -99,9 +99,9 @@ def gateway(
 
     import uvicorn
 
-    from rollout_worker.logs import log_config
-    from rollout_worker.metrics import MULTIPROC_ENV
-    from rollout_worker.settings import FleetSettings
+    from rollout_core.logs import log_config
+    from rollout_core.metrics import MULTIPROC_ENV
+    from rollout_core.settings import FleetSettings
 
     settings = FleetSettings()
     if workers > 1 and MULTIPROC_ENV not in os.environ:
@@ -135,10 +135,10 @@ def worker(
     ] = None,
 ) -> None:
     """Run one worker process: a Celery consumer driving rollouts on one asyncio loop."""
-    from rollout_worker.celery_app import app as celery
-    from rollout_worker.celery_app import settings
+    from rollout_core.queue.celery_app import settings
+    from rollout_worker.tasks import run_worker
 
-    celery.worker_main(
+    run_worker(
         [
             "worker",
             "--pool=threads",
@@ -166,7 +166,7 @@ def flower(
     ] = "name,args,state,received,started,runtime,worker,uuid",
 ) -> None:
     """Run the Flower dashboard on the fleet's Celery config; refuses to run without a login."""
-    from rollout_worker.celery_app import app as celery
+    from rollout_core.queue.celery_app import app as celery
 
     if not (os.environ.get("FLOWER_BASIC_AUTH") or os.environ.get("FLOWER_AUTH_PROVIDER")):
         console.print("[red]set FLOWER_BASIC_AUTH=user:password (or an OAuth provider)[/red]")
@@ -272,16 +272,15 @@ def up(
 
 def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
     """Run ``work`` against the fleet's records (``REDIS_URL``, ``ROLLOUT_FLEET_KEY_PREFIX``)."""
-    from rollout_worker.records import RecordStore, connect
-    from rollout_worker.settings import FleetSettings
+    from rollout_core.settings import FleetSettings
+    from rollout_core.store import RecordStore
 
     async def run() -> T:
-        settings = FleetSettings()
-        redis = connect(settings.redis_dsn, 4)
+        store = RecordStore.connect(FleetSettings(), max_connections=4)
         try:
-            return await work(RecordStore(redis, settings.key_prefix, settings.queue))
+            return await work(store)
         finally:
-            await redis.aclose()
+            await store.aclose()
 
     return asyncio.run(run())
 
@@ -313,7 +312,7 @@ def status(
     as_json: JsonOption = False,
 ) -> None:
     """One rollout's record: status, attempts, worker, timings, reward, error."""
-    from rollout_worker.inspection import find
+    from rollout_core.views import find
 
     view = _store_call(lambda store: find(store, rollout_id))
     if view is None:
@@ -339,7 +338,7 @@ def list_rollouts(
     as_json: JsonOption = False,
 ) -> None:
     """The rollouts the fleet holds, newest first."""
-    from rollout_worker.inspection import listing
+    from rollout_core.views import listing
 
     views = _store_call(
         lambda store: listing(
@@ -362,24 +361,29 @@ def cancel(
     rollout_ids: Annotated[list[str], typer.Argument(help="Rollout ids (v1: idempotency keys)")],
 ) -> None:
     """Cancel rollouts: a queued one never runs, a running one stops (v1: the trainer is told)."""
-    from rollout_worker.inspection import PROTOCOLS
-    from rollout_worker.settings import FleetSettings
+    from rollout_core.protocols import cancelled_result
+    from rollout_core.settings import FleetSettings
+    from rollout_core.store import PROTOCOLS, CancelOutcome
 
-    retention_ms = int(FleetSettings().result_retention_seconds * 1000)
+    retention = FleetSettings().result_retention_seconds
 
-    async def cancel_each(store: RecordStore) -> dict[str, str]:
+    async def cancel_each(store: RecordStore) -> dict[str, CancelOutcome]:
         dispositions = {}
         for rollout_id in rollout_ids:
-            records = [store.keys.record(protocol, rollout_id) for protocol in PROTOCOLS]
-            outcomes = await store.cancel(records, retention_ms)
-            known = [outcome for outcome in outcomes if outcome != "unknown"]
-            dispositions[rollout_id] = known[0] if known else "unknown"
+            keys = [store.keys.record(protocol, rollout_id) for protocol in PROTOCOLS]
+            outcomes = await store.cancel(
+                {key: cancelled_result(store.keys, key) for key in keys}, retention
+            )
+            known = [
+                outcome for outcome in outcomes.values() if outcome is not CancelOutcome.UNKNOWN
+            ]
+            dispositions[rollout_id] = known[0] if known else CancelOutcome.UNKNOWN
         return dispositions
 
     dispositions = _store_call(cancel_each)
     for rollout_id, disposition in dispositions.items():
         console.print(f"{rollout_id}: {disposition}")
-    if "unknown" in dispositions.values():
+    if CancelOutcome.UNKNOWN in dispositions.values():
         raise typer.Exit(1)
 
 
@@ -390,13 +394,10 @@ def export(
     ] = None,
 ) -> None:
     """Every finished rollout the fleet still keeps, one JSON line each (its trajectory)."""
-    from rollout_worker.trajectories import finished_records, trajectory_of
+    from rollout_core.views import trajectories
 
     async def write_all(store: RecordStore) -> int:
-        lines = [
-            json.dumps(trajectory_of(fields), default=str) + "\n"
-            async for fields in finished_records(store)
-        ]
+        lines = [json.dumps(line, default=str) + "\n" async for line in trajectories(store)]
         if output is None:
             sys.stdout.writelines(lines)
         else:

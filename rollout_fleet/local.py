@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 from cryptography.fernet import Fernet
 
+from rollout_core.settings import FleetSettings
 from rollout_fleet.probe import probe_gateway
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_gateway.ready import Readiness
-from rollout_worker.settings import FleetSettings
 
 
 def fleet_command(*args: str) -> list[str]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from rollout_core.settings import FleetSettings
 from rollout_gateway.ready import READY_PATH, Readiness
-from rollout_worker.settings import FleetSettings
 
 
 class ProbeFailed(Exception):

@@ -12,8 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
+from rollout_core.store import answers
 from rollout_fleet.processes import ManagedProcess, free_port, wait_until
 
 
@@ -91,9 +90,7 @@ class RedisServer:
         self.process = ManagedProcess(
             "redis", self.argv(), dict(os.environ), self.data_dir / "redis.log"
         ).start()
-        client = redis.Redis.from_url(self.url)
-        wait_until(lambda: bool(client.ping()), timeout, f"redis-server on port {self.port}")
-        client.close()
+        wait_until(lambda: answers(self.url), timeout, f"redis-server on port {self.port}")
         return self
 
     def stop(self) -> None:

@@ -1,6 +1,6 @@
 """Long-poll wake-ups: one Redis pub/sub subscription per gateway process.
 
-Workers and scripts publish a record key on ``<prefix>:changes`` whenever its status moves;
+The store's scripts publish a record key on ``<prefix>:changes`` whenever its status moves;
 the listener wakes the long-polls watching that record. A poll registers its watch *before*
 reading the record, so no change can slip between the read and the wait.
 """
@@ -13,7 +13,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterator
 
-from redis.asyncio import Redis
+from rollout_core.store import RecordKey, RecordStore
 
 logger = logging.getLogger(__name__)
 
@@ -21,33 +21,30 @@ RECONNECT_SECONDS = 0.5
 
 
 class ChangeListener:
-    def __init__(self, redis: Redis, channel: str) -> None:
-        self._redis = redis
-        self._channel = channel
-        self._watchers: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
-        self._task: asyncio.Task[None] | None = None
+    """Listens from construction (on the gateway's event loop) until :meth:`stop`."""
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._pump())
+    def __init__(self, store: RecordStore) -> None:
+        self._store = store
+        self._watchers: defaultdict[RecordKey, set[asyncio.Event]] = defaultdict(set)
+        self._task = asyncio.create_task(self._pump(), name="change-listener")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
 
     @contextlib.contextmanager
-    def watch(self, record: str) -> Iterator[asyncio.Event]:
-        """An event set on the next status change of ``record``."""
+    def watch(self, key: RecordKey) -> Iterator[asyncio.Event]:
+        """An event set on the next status change of the record ``key``."""
         event = asyncio.Event()
-        self._watchers[record].add(event)
+        self._watchers[key].add(event)
         try:
             yield event
         finally:
-            watchers = self._watchers[record]
+            watchers = self._watchers[key]
             watchers.discard(event)
             if not watchers:
-                del self._watchers[record]
+                del self._watchers[key]
 
     def _wake_all(self) -> None:
         for events in self._watchers.values():
@@ -57,13 +54,11 @@ class ChangeListener:
     async def _pump(self) -> None:
         while True:
             try:
-                async with self._redis.pubsub() as pubsub:
-                    await pubsub.subscribe(self._channel)
+                async with self._store.subscribe(self._store.keys.changes) as changes:
                     self._wake_all()  # anything may have changed while we were not listening
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
-                            for event in self._watchers.get(message["data"], ()):
-                                event.set()
+                    async for key in changes:
+                        for event in self._watchers.get(key, ()):
+                            event.set()
             except asyncio.CancelledError:
                 raise
             except Exception:

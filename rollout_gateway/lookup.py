@@ -8,10 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 
-from rollout_gateway.state import AuthorizationHeader, GatewayDep
-from rollout_sdk.server.http import INVALID_KEY_DETAIL, ErrorDetail, require_v1_key
-from rollout_worker import inspection
-from rollout_worker.inspection import RolloutView
+from rollout_core import views
+from rollout_core.views import RolloutView
+from rollout_gateway.state import GatewayDep
+from rollout_sdk.server.http import ErrorDetail
 
 MAX_LISTED = 1000
 
@@ -19,37 +19,26 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get(
-    "/v1/rollouts/{rollout_id}",
-    response_model=RolloutView,
-    responses={401: {"description": INVALID_KEY_DETAIL}, 404: {"model": ErrorDetail}},
+    "/v1/rollouts/{rollout_id}", response_model=RolloutView, responses={404: {"model": ErrorDetail}}
 )
-async def rollout(
-    rollout_id: str, gateway: GatewayDep, authorization: AuthorizationHeader = None
-) -> RolloutView:
+async def rollout(rollout_id: str, gateway: GatewayDep) -> RolloutView:
     """One rollout by id (v1: its idempotency key), while the fleet keeps its record."""
-    require_v1_key(authorization, gateway.api_key)  # v2 gateways checked it already
-    view = await inspection.find(gateway.store, rollout_id)
+    view = await views.find(gateway.store, rollout_id)
     if view is None:
         raise HTTPException(404, f"no rollout {rollout_id!r}: never admitted, or expired")
     return view
 
 
-@router.get(
-    "/v1/rollouts",
-    response_model=list[RolloutView],
-    responses={401: {"description": INVALID_KEY_DETAIL}},
-)
+@router.get("/v1/rollouts", response_model=list[RolloutView])
 async def rollouts(
     gateway: GatewayDep,
-    authorization: AuthorizationHeader = None,
     status: Annotated[list[str] | None, Query(description="Keep these statuses")] = None,
     older_than: Annotated[float | None, Query(ge=0, description="Admitted ≥ s ago")] = None,
     newer_than: Annotated[float | None, Query(ge=0, description="Admitted ≤ s ago")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 100,
 ) -> list[RolloutView]:
     """The rollouts the fleet holds, newest first."""
-    require_v1_key(authorization, gateway.api_key)
-    return await inspection.listing(
+    return await views.listing(
         gateway.store,
         statuses=set(status) if status else None,
         older_than=older_than,

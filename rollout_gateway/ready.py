@@ -13,11 +13,9 @@ from typing import Literal
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from redis.exceptions import RedisError
 
-from rollout_gateway.state import AuthorizationHeader, GatewayDep
-from rollout_sdk.core.base import RolloutAgentLoop
-from rollout_sdk.server.http import INVALID_KEY_DETAIL, require_v1_key
+from rollout_core.store import StoreError
+from rollout_gateway.state import GatewayDep
 
 READY_PATH = "/ready"
 REDIS_CHECK_SECONDS = 3.0
@@ -40,29 +38,25 @@ class Readiness(BaseModel):
 @router.get(
     READY_PATH,
     response_model=Readiness,
-    responses={
-        401: {"description": INVALID_KEY_DETAIL},
-        503: {"model": Readiness, "description": "Redis does not answer"},
-    },
+    responses={503: {"model": Readiness, "description": "Redis does not answer"}},
 )
-async def ready(gateway: GatewayDep, authorization: AuthorizationHeader = None) -> JSONResponse:
-    require_v1_key(authorization, gateway.api_key)  # v2 gateways checked it already
+async def ready(gateway: GatewayDep) -> JSONResponse:
     readiness = Readiness(
         ready=False,
         agent=gateway.agent.name,
-        protocol="v1" if isinstance(gateway.agent, RolloutAgentLoop) else "v2",
+        protocol="v1" if gateway.speaks_v1 else "v2",
         redis="ok",
     )
     try:
         async with asyncio.timeout(REDIS_CHECK_SECONDS):
-            await gateway.store.redis.ping()
+            await gateway.store.ping()
             workers = await gateway.store.live_workers()
-    except (RedisError, TimeoutError) as exc:
+    except (StoreError, TimeoutError) as exc:
         readiness.redis = f"unavailable ({type(exc).__name__})"
         return JSONResponse(readiness.model_dump(), status_code=503)
     readiness.ready = True
-    readiness.workers = len(workers)
-    readiness.capacity = sum(worker["concurrency"] for worker in workers)
+    readiness.workers = workers.count
+    readiness.capacity = workers.slots
     return JSONResponse(readiness.model_dump())
 
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from celery import Celery
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
 
+from rollout_core.secrets import SecretBox
+from rollout_core.settings import FleetSettings
+from rollout_core.store import RecordStore
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
-from rollout_worker.records import RecordStore
-from rollout_worker.secrets import SecretBox
-from rollout_worker.settings import FleetSettings
 
 
 @dataclass(frozen=True)
@@ -28,15 +28,14 @@ class Gateway:
     tools_pool: ThreadPoolExecutor
 
     @property
-    def agent_loop(self) -> RolloutAgentLoop:
-        """The v1 agent (only v1 routes ask, and only a v1 gateway mounts them)."""
-        assert isinstance(self.agent, RolloutAgentLoop)
-        return self.agent
+    def speaks_v1(self) -> bool:
+        return isinstance(self.agent, RolloutAgentLoop)
 
-    @property
-    def api_key(self) -> str | None:
-        key = self.settings.api_key
-        return key.get_secret_value() if key is not None else None
+    def agent_loop(self) -> RolloutAgentLoop:
+        """The v1 agent (only a v1 gateway asks)."""
+        if not isinstance(self.agent, RolloutAgentLoop):
+            raise TypeError(f"{self.agent.name} is a v2 workflow, not a v1 agent loop")
+        return self.agent
 
 
 def _gateway(request: Request) -> Gateway:
@@ -45,7 +44,6 @@ def _gateway(request: Request) -> Gateway:
 
 
 GatewayDep = Annotated[Gateway, Depends(_gateway)]
-AuthorizationHeader = Annotated[str | None, Header()]
 
 
-__all__ = ["AuthorizationHeader", "Gateway", "GatewayDep"]
+__all__ = ["Gateway", "GatewayDep"]

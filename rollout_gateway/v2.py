@@ -12,8 +12,11 @@ import contextlib
 import os
 import time
 import uuid
-from typing import cast
 
+from rollout_core import tracing
+from rollout_core.protocols import v2
+from rollout_core.queue.envelope import task_message
+from rollout_core.store import AdmitOutcome, CancelOutcome, PollOutcome, RecordField, RecordKey
 from rollout_gateway.limits import check_trainer_url
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
@@ -31,6 +34,7 @@ from rollout_sdk.server.v2_http import (
     new_lease_token,
 )
 from rollout_sdk.types import (
+    CancelDisposition,
     CancelRolloutsRequest,
     DrainResponse,
     HealthConcurrency,
@@ -41,11 +45,20 @@ from rollout_sdk.types import (
     RolloutServerHealth,
     RolloutStatus,
 )
-from rollout_worker import tracing, v2
-from rollout_worker.envelope import task_message
 
 DRAIN_POLL_SECONDS = 0.2
-_REFUSALS = {"draining": ServerDraining, "full": QueueFull, "duplicate": DuplicateRollout}
+_REFUSALS = {
+    AdmitOutcome.DRAINING: ServerDraining,
+    AdmitOutcome.FULL: QueueFull,
+    AdmitOutcome.DUPLICATE: DuplicateRollout,
+}
+# A finished rollout is "not_found" to cancel, as an unknown one is (P§2.5).
+_DISPOSITIONS = {
+    CancelOutcome.CANCELLED_QUEUED: CancelDisposition.CANCELLED_QUEUED,
+    CancelOutcome.CANCELLED_RUNNING: CancelDisposition.CANCELLED_RUNNING,
+    CancelOutcome.FINISHED: CancelDisposition.NOT_FOUND,
+    CancelOutcome.UNKNOWN: CancelDisposition.NOT_FOUND,
+}
 
 
 class FleetRollouts(RolloutService):
@@ -56,32 +69,26 @@ class FleetRollouts(RolloutService):
         settings = gateway.settings
         self._wait_sec = settings.result_wait_timeout_seconds
         self._lease_sec = settings.polling_lease_timeout_seconds
-        self._lease_ms = int(self._lease_sec * 1000)
-        self._retention_ms = int(settings.result_retention_seconds * 1000)
+        self._retention_sec = settings.result_retention_seconds
 
-    def _record(self, rollout_id: str) -> str:
+    def _key(self, rollout_id: str) -> RecordKey:
         return self.gateway.store.keys.record(v2.PROTOCOL, rollout_id)
 
     async def admit(self, request: RolloutInitRequest) -> RolloutInitResponse:
         if self.shutting_down:
             raise ServerDraining
-        gateway = self.gateway
+        gateway, store = self.gateway, self.gateway.store
         allowed = gateway.settings.allowed_trainer_urls
         check_trainer_url("chat_completions_url", request.chat_completions_url, allowed)
         token = new_lease_token()
-        record = self._record(request.rollout_id)
-        outcome = await gateway.store.admit_v2(
-            record,
-            request.rollout_id,
+        key = self._key(request.rollout_id)
+        outcome = await store.admit_v2(
+            key,
             max_queued=gateway.settings.max_queued,
-            poll_lease_ms=self._lease_ms,
-            ttl_ms=int(gateway.settings.inflight_ttl_seconds * 1000),
+            poll_lease_seconds=self._lease_sec,
+            ttl_seconds=gateway.settings.inflight_ttl_seconds,
             message=task_message(
-                gateway.celery,
-                record,
-                request.rollout_id,
-                gateway.store.queue,
-                tracing.context_fields(),
+                gateway.celery, key, request.rollout_id, store.queue, tracing.context_fields()
             ),
             lease_digest=lease_digest(token),
             fields=v2.admission_fields(request, gateway.box),
@@ -97,103 +104,88 @@ class FleetRollouts(RolloutService):
         )
 
     async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse | StoredResult:
-        record = self._record(rollout_id)
-        digest = lease_digest(lease_token)
-        with self.listener.watch(record) as changed:
-            kind, value = await self.gateway.store.poll(
-                record, digest, self._lease_ms, self._retention_ms
+        key = self._key(rollout_id)
+        with self.listener.watch(key) as changed:
+            reply = await self.gateway.store.poll(
+                key,
+                lease_digest(lease_token),
+                poll_lease_seconds=self._lease_sec,
+                retention_seconds=self._retention_sec,
+                lease_expired_result=v2.lease_expired_json(rollout_id),
             )
-            if kind == "unknown":
+            if reply.outcome is PollOutcome.UNKNOWN:
                 raise UnknownRollout
-            if kind == "forbidden":
+            if reply.outcome is PollOutcome.FORBIDDEN:
                 raise InvalidLease
-            if kind == "final":
-                return StoredResult(cast(str, value))
+            if reply.outcome is PollOutcome.FINAL and reply.result is not None:
+                return StoredResult(reply.result)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._wait_sec):
                     await changed.wait()
-        return await self._current(record, rollout_id, lease_token)
+        return await self._current(key, rollout_id, lease_token)
 
     async def _current(
-        self, record: str, rollout_id: str, lease_token: str
+        self, key: RecordKey, rollout_id: str, lease_token: str
     ) -> RolloutResultResponse | StoredResult:
-        fields = await self.gateway.store.redis.hmget(record, ["status", "lease_digest", "result"])
-        status, digest, result = cast(list[str | None], fields)
-        if status is None or digest is None:
-            raise UnknownRollout
-        if not lease_matches(lease_token, digest):
-            raise InvalidLease
-        if RolloutStatus(status).terminal and result is not None:
-            return StoredResult(result)
-        return RolloutResultResponse(rollout_id=rollout_id, status=RolloutStatus(status))
-
-    async def cancel(self, request: CancelRolloutsRequest) -> dict[str, str]:
-        listed = request.ids is not None
-        ids = (
-            list(request.ids or [])
-            if listed
-            else await self.gateway.store.v2_ids(request.prefix or "")
+        record = await self.gateway.store.load(
+            key, RecordField.STATUS, RecordField.LEASE_DIGEST, RecordField.RESULT
         )
-        dispositions = await self.gateway.store.cancel(
-            [self._record(rollout_id) for rollout_id in ids], self._retention_ms
+        if record.status is None or record.lease_digest is None:
+            raise UnknownRollout
+        if not lease_matches(lease_token, record.lease_digest):
+            raise InvalidLease
+        if record.finished and record.result is not None:
+            return StoredResult(record.result)
+        return RolloutResultResponse(rollout_id=rollout_id, status=RolloutStatus(record.status))
+
+    async def cancel(self, request: CancelRolloutsRequest) -> dict[str, CancelDisposition]:
+        store = self.gateway.store
+        listed = request.ids is not None
+        ids = list(request.ids or []) if listed else await store.v2_ids(request.prefix or "")
+        keys = {self._key(rollout_id): rollout_id for rollout_id in ids}
+        outcomes = await store.cancel(
+            {key: v2.cancelled_json(rollout_id) for key, rollout_id in keys.items()},
+            self._retention_sec,
         )
         return {
-            rollout_id: ("not_found" if disposition == "unknown" else disposition)
-            for rollout_id, disposition in zip(ids, dispositions, strict=True)
-            if listed or disposition != "unknown"  # prefix/all: only ids the fleet holds
+            keys[key]: _DISPOSITIONS[outcome]
+            for key, outcome in outcomes.items()
+            if listed or outcome is not CancelOutcome.UNKNOWN  # prefix/all: ids the fleet holds
         }
 
     async def _deployment_id(self) -> str:
         """One id for the whole deployment; it changes only if Redis loses the fleet's state."""
-        redis, key = self.gateway.store.redis, self.gateway.store.keys.deployment
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.set(key, str(uuid.uuid4()), nx=True)
-            pipe.get(key)
-            _, deployment = await pipe.execute()
-        return cast(str, deployment)
-
-    async def _capacity(self) -> int | None:
-        workers = await self.gateway.store.live_workers()
-        return sum(worker["concurrency"] for worker in workers) or None
+        return await self.gateway.store.deployment_id(str(uuid.uuid4()))
 
     async def _accepting(self) -> bool:
-        fenced = await self.gateway.store.redis.exists(self.gateway.store.keys.draining)
-        return not (fenced or self.shutting_down)
+        return not (self.shutting_down or await self.gateway.store.admissions_fenced())
 
     async def health(self) -> RolloutServerHealth:
         store = self.gateway.store
-        async with store.redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(store.keys.active)
-            pipe.zcard(store.keys.leases)
-            active, running = await pipe.execute()
+        counts = await store.counts()
         deployment = await self._deployment_id()
         return RolloutServerHealth(
             concurrency=HealthConcurrency(
-                max_concurrent=await self._capacity(),
-                queued=max(active - running, 0),
-                running=running,
+                max_concurrent=(await store.live_workers()).slots or None,
+                queued=max(counts.active - counts.running, 0),
+                running=counts.running,
             ),
             instance_id=os.environ.get(INSTANCE_ID_ENV) or deployment,
             process_id=deployment,
             lifecycle=RolloutLifecycle(
-                accepting_rollouts=await self._accepting(), active_rollouts=active
+                accepting_rollouts=await self._accepting(), active_rollouts=counts.active
             ),
         )
-
-    async def _active_ids(self) -> list[str]:
-        store = self.gateway.store
-        records = cast(list[str], await store.redis.zrange(store.keys.active, 0, -1))
-        return [store.keys.rollout_key(record) for record in records]
 
     async def drain(self, timeout_sec: float) -> DrainResponse:
         """Fence admissions fleet-wide, then wait up to ``timeout_sec`` for in-flight work."""
         store = self.gateway.store
-        await store.redis.set(store.keys.draining, "1")
+        await store.fence_admissions()
         deadline = time.monotonic() + timeout_sec
         # The condition lives in Redis, changed by other processes: poll it.
-        while await store.redis.zcard(store.keys.active) and time.monotonic() < deadline:  # noqa: ASYNC110
+        while (await store.counts()).active and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(DRAIN_POLL_SECONDS)
-        active = await self._active_ids()
+        active = await store.active_record_ids()
         return DrainResponse(
             drained=not active,
             accepting_rollouts=False,
@@ -205,10 +197,10 @@ class FleetRollouts(RolloutService):
     async def resume(self) -> RolloutLifecycle:
         """Lift a drain fence (extension: ``DELETE /drain``)."""
         store = self.gateway.store
-        await store.redis.delete(store.keys.draining)
+        await store.lift_fence()
         return RolloutLifecycle(
             accepting_rollouts=await self._accepting(),
-            active_rollouts=await store.redis.zcard(store.keys.active),
+            active_rollouts=(await store.counts()).active,
         )
 
 

@@ -2,9 +2,12 @@
 
 The executor owns what every protocol shares: the claim that makes duplicate deliveries
 harmless, the per-process slot limit, the lease heartbeat, cancelling a rollout's task when
-its lease is lost, and handing rollouts back when the worker stops. What "running a rollout"
-means (v1: run the agent loop, post the completion callback) is a :class:`Carrier`, looked up
-by the record's protocol.
+its lease is lost, handing rollouts back when the worker stops, and the rollouts a claim says
+must not run (:class:`Refusal`). What "running a rollout" means (v1: run the agent loop, post
+the completion callback) is a :class:`Carrier`, looked up by the record's protocol.
+
+Words: a *worker* is one worker process (its name is unique in the fleet); an *execution* is
+one run of one rollout on it, and holds that rollout's lease.
 """
 
 from __future__ import annotations
@@ -13,21 +16,30 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol as Interface
 
-from redis.exceptions import RedisError
-
-from rollout_worker import logs, metrics, tracing
-from rollout_worker.records import Claim, RecordStore, Status, Verdict
-from rollout_worker.settings import FleetSettings
+from rollout_core import logs, tracing
+from rollout_core.settings import FleetSettings
+from rollout_core.store import (
+    Claim,
+    Protocol,
+    RecordField,
+    RecordKey,
+    RecordStore,
+    Status,
+    StoreError,
+    Verdict,
+)
+from rollout_worker import metrics
 from rollout_worker.trajectories import TrajectorySink
 
 logger = logging.getLogger(__name__)
 
 LEASE_LOST = "lease lost"
 HANDED_BACK = "handed back"
+CANCELLED = "cancelled"  # the message of a cancelled rollout, in both generations
 
 
 def time_limit_message(seconds: float) -> str:
@@ -38,128 +50,162 @@ def time_limit_message(seconds: float) -> str:
 
 
 @dataclass(frozen=True)
-class Lease:
-    """One execution's hold on one rollout; every state change through it checks ownership.
+class Refusal:
+    """A claimed rollout that must not run: why (the claim's verdict) and what to tell."""
 
-    The owner names the execution, not the worker process: when a lease lapses while its
+    verdict: Verdict  # CANCELLED, EXHAUSTED or ABANDONED
+    message: str
+
+    @classmethod
+    def of(cls, claim: Claim) -> Refusal | None:
+        """The one place that words the refusals, for both generations."""
+        if claim.verdict is Verdict.CANCELLED:
+            return cls(claim.verdict, CANCELLED)
+        if claim.verdict is Verdict.EXHAUSTED:
+            message = (
+                f"rollout failed after {claim.attempt - 1} attempts: the worker running it "
+                "stopped (crashed or was killed) each time"
+            )
+            return cls(claim.verdict, message)
+        if claim.verdict is Verdict.ABANDONED:
+            reason = claim.record.abandon_reason or "a worker gave the rollout up"
+            return cls(claim.verdict, reason)
+        return None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One execution's hold on one rollout; every state change through it checks the hold.
+
+    The lease belongs to the execution, not the worker process: when a lease lapses while its
     execution still runs and the same process claims the rollout again, the stale execution
     must not be able to renew, finish or hand back the new one.
     """
 
     store: RecordStore
-    record: str
-    owner: str
-    retention_ms: int
+    key: RecordKey
+    execution: str
+    retention_seconds: float
 
-    async def advance(self, status: Status, *, result: str = "", **fields: Any) -> bool:
+    async def advance(
+        self, status: Status, *, result: str = "", fields: Mapping[RecordField, str] | None = None
+    ) -> bool:
         """Move the rollout to ``status``; False if the lease was lost (result discarded)."""
-        return await self.store.finish(
-            self.record,
-            self.owner,
+        return await self.store.advance(
+            self.key,
+            self.execution,
             status,
             result=result,
-            ttl_ms=self.retention_ms,
+            retention_seconds=self.retention_seconds,
             fields=fields,
         )
 
 
-class Carrier(Protocol):
+class Carrier(Interface):
     """Takes one claimed rollout of a protocol to a terminal status.
 
-    Returns that status, or ``None`` when the lease was lost on the way (the rollout now
-    belongs to another worker, or was finished for it, and this one's result was discarded).
+    Both methods return that status, or ``None`` when the lease was lost on the way (the
+    rollout now belongs to another execution, or was finished for it, and this one's result
+    was discarded).
     """
 
-    retention_ms: int  # how long a finished record of this protocol is kept
+    protocol: Protocol  # the generation it carries
+    retention_seconds: float  # how long a finished record of this protocol is kept
 
-    async def carry(self, claim: Claim, lease: Lease) -> Status | None: ...
+    async def carry(self, claim: Claim, lease: Lease) -> Status | None:
+        """Run the rollout (or deliver its stored result)."""
+        ...
+
+    async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
+        """Finish the rollout without running it, telling its trainer why."""
+        ...
 
 
 class Executor:
     def __init__(
         self,
         store: RecordStore,
-        owner: str,
+        worker: str,
         settings: FleetSettings,
-        carriers: Mapping[str, Carrier],
+        carriers: Iterable[Carrier],
         concurrency: int,
-        requeue_message: Callable[[str], str],
+        requeue_message: Callable[[RecordKey], str],
         sink: TrajectorySink | None = None,
     ) -> None:
         self.store = store
+        self.worker = worker
         self._sink = sink
-        self.owner = owner
         self._settings = settings
-        self._carriers = carriers
+        self._carriers = {carrier.protocol: carrier for carrier in carriers}
         self._requeue_message = requeue_message
         # Celery's pool size is the real cap; this guards the loop if the two ever disagree.
         self._slots = asyncio.Semaphore(concurrency)
-        self._executions: dict[str, _Execution] = {}  # by lease owner
+        self._executions: dict[str, _Execution] = {}  # by execution id
         self._stopping = False
 
     @property
-    def held(self) -> list[str]:
-        return list(self.leases)
+    def leases(self) -> dict[RecordKey, str]:
+        """record → execution of every rollout running here (the newest execution's)."""
+        return {e.key: execution for execution, e in list(self._executions.items())}
 
     @property
-    def leases(self) -> dict[str, str]:
-        """record → lease owner of every rollout running here (the newest execution's)."""
-        return {e.record: owner for owner, e in list(self._executions.items())}
-
-    @property
-    def running(self) -> dict[str, asyncio.Task[Any]]:
+    def running(self) -> dict[RecordKey, asyncio.Task[object]]:
         """Each running rollout's task (a copy: the loop-watchdog thread reads it too)."""
-        return {e.record: e.task for e in list(self._executions.values())}
+        return {e.key: e.task for e in list(self._executions.values())}
 
-    async def execute(self, record: str) -> str:
+    async def execute(self, key: RecordKey) -> str:
         """Run one delivery of ``rollout.run``; returns a short outcome for Flower."""
-        with logs.about(self.store.keys.rollout_key(record)):
-            return await self._execute(record)
+        with logs.about(self.store.keys.record_id(key)):
+            return await self._execute(key)
 
-    async def _execute(self, record: str) -> str:
-        owner = f"{self.owner}:{uuid.uuid4().hex[:8]}"
+    async def _execute(self, key: RecordKey) -> str:
+        execution = f"{self.worker}:{uuid.uuid4().hex[:8]}"
         claim = await self.store.claim(
-            record,
-            owner,
-            self.owner,
-            int(self._settings.lease_seconds * 1000),
+            key,
+            execution,
+            self.worker,
+            self._settings.lease_seconds,
             self._settings.max_attempts,
         )
         if not claim.acquired:
-            logger.info("%s: not run (%s)", record, claim.verdict)
+            logger.info("%s: not run (%s)", key, claim.verdict)
             return claim.verdict.value
-        if self._stopping and await self._release(record, owner):
+        if self._stopping and await self._release(key, execution):
             return HANDED_BACK
         task = asyncio.current_task()
         assert task is not None
-        self._executions[owner] = _Execution(record, task)
-        protocol = claim.record["protocol"]
+        self._executions[execution] = _Execution(key, task)
+        protocol = claim.record.protocol
         if claim.attempt == 1 and claim.verdict is Verdict.RUNNING:
-            metrics.QUEUE_WAIT.labels(protocol).observe(claim.ms_since_accepted / 1000)
+            metrics.QUEUE_WAIT.labels(protocol).observe(claim.since_accepted)
         carrier = self._carriers[protocol]
-        lease = Lease(self.store, record, owner, carrier.retention_ms)
+        lease = Lease(self.store, key, execution, carrier.retention_seconds)
+        refusal = Refusal.of(claim)
         started = time.monotonic()
         metrics.INFLIGHT.inc()
         try:
             async with self._slots:
-                with tracing.execution(claim.record, self.store.keys.rollout_key(record)):
-                    status = await carrier.carry(claim, lease)
+                with tracing.execution(claim.record, self.store.keys.record_id(key)):
+                    if refusal is not None:
+                        status = await carrier.refuse(claim, refusal, lease)
+                    else:
+                        status = await carrier.carry(claim, lease)
         finally:
             metrics.INFLIGHT.dec()
-            del self._executions[owner]
+            del self._executions[execution]
         if status is None:
             return LEASE_LOST
         metrics.DURATION.labels(protocol, status.value).observe(time.monotonic() - started)
         if self._sink is not None:
-            await self._keep_trajectory(record)
+            await self._keep_trajectory(self._sink, key)
         return status.value
 
-    async def _keep_trajectory(self, record: str) -> None:
-        assert self._sink is not None
+    @staticmethod
+    async def _keep_trajectory(sink: TrajectorySink, key: RecordKey) -> None:
         try:
-            await self._sink.write(record)
-        except (OSError, RedisError) as exc:  # the rollout is done either way
-            logger.warning("%s: trajectory not written to the sink: %r", record, exc)
+            await sink.write(key)
+        except (OSError, StoreError) as exc:  # the rollout is done either way
+            logger.warning("%s: trajectory not written to the sink: %r", key, exc)
 
     async def hand_back(self, grace_seconds: float) -> int:
         """The worker is stopping: let running rollouts finish for ``grace_seconds``, then
@@ -170,20 +216,20 @@ class Executor:
             tasks = [e.task for e in self._executions.values()]
             await asyncio.wait(tasks, timeout=grace_seconds)
         handed = 0
-        for owner, execution in list(self._executions.items()):
+        for execution, running in list(self._executions.items()):
             # Released first: whatever the cancelled task writes afterwards is refused.
-            if await self._release(execution.record, owner):
-                execution.task.cancel()
+            if await self._release(running.key, execution):
+                running.task.cancel()
                 handed += 1
         metrics.REQUEUES.labels("handed_back").inc(handed)
         return handed
 
-    async def _release(self, record: str, owner: str) -> bool:
-        return await self.store.release(record, owner, self._requeue_message(record))
+    async def _release(self, key: RecordKey, execution: str) -> bool:
+        return await self.store.release(key, execution, self._requeue_message(key))
 
-    def cancel(self, record: str) -> bool:
-        """Stop every execution of ``record`` here; False if none runs."""
-        tasks = [e.task for e in self._executions.values() if e.record == record]
+    def cancel(self, key: RecordKey) -> bool:
+        """Stop every execution of ``key`` here; False if none runs."""
+        tasks = [e.task for e in self._executions.values() if e.key == key]
         for task in tasks:
             task.cancel()
         return bool(tasks)
@@ -191,22 +237,31 @@ class Executor:
     async def renew_leases(self) -> None:
         """Extend the lease of every execution running here; cancel the ones that lost it."""
         lost = await self.store.renew(
-            {owner: e.record for owner, e in self._executions.items()},
-            int(self._settings.lease_seconds * 1000),
-            int(self._settings.inflight_ttl_seconds * 1000),
+            {execution: e.key for execution, e in self._executions.items()},
+            self._settings.lease_seconds,
+            self._settings.inflight_ttl_seconds,
         )
-        for owner in lost:
-            execution = self._executions.get(owner)
-            if execution is not None:
-                execution.task.cancel()
+        for execution in lost:
+            running = self._executions.get(execution)
+            if running is not None:
+                running.task.cancel()
                 metrics.WORKER_LEASES_LOST.inc()
-                logger.warning("%s: lease lost; its execution here stopped", execution.record)
+                logger.warning("%s: lease lost; its execution here stopped", running.key)
 
 
 @dataclass(frozen=True)
 class _Execution:
-    record: str
-    task: asyncio.Task[Any]
+    key: RecordKey
+    task: asyncio.Task[object]
 
 
-__all__ = ["HANDED_BACK", "LEASE_LOST", "Carrier", "Executor", "Lease", "time_limit_message"]
+__all__ = [
+    "CANCELLED",
+    "HANDED_BACK",
+    "LEASE_LOST",
+    "Carrier",
+    "Executor",
+    "Lease",
+    "Refusal",
+    "time_limit_message",
+]

@@ -1,47 +1,24 @@
-"""Prometheus metrics of the fleet's processes.
-
-Gateways count admissions (``GET /metrics``, with the fleet-wide queue figures read from Redis
-at each scrape: ``rollout_gateway/metrics.py``); each worker process counts what it runs and
-serves them on ``ROLLOUT_FLEET_METRICS_PORT``. Processes sharing one port
-(``rollout-fleet gateway --workers N``) write to ``PROMETHEUS_MULTIPROC_DIR`` and a scrape of
-any of them merges all (prometheus-client's multiprocess mode).
-"""
+"""Prometheus metrics of a worker process: what it runs, served on
+``ROLLOUT_FLEET_METRICS_PORT`` (gateways count admissions and report the fleet-wide figures:
+``rollout_gateway/metrics.py``)."""
 
 from __future__ import annotations
 
-import os
 import threading
 from wsgiref.simple_server import WSGIServer
 
 import httpx
-from prometheus_client import (
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    multiprocess,
-    start_http_server,
-)
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from rollout_core.metrics import registry
 from rollout_sdk.client import ATTEMPT_EXTENSION
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Seconds: from a no-op rollout's milliseconds to an agent's hour.
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 # OpenAI's client numbers its retries in this header (the v1 client uses ATTEMPT_EXTENSION).
 OPENAI_RETRY_HEADER = "x-stainless-retry-count"
 
-# --- gateway ---------------------------------------------------------------------------------
-ADMISSIONS = Counter(
-    "rollout_fleet_admissions",
-    "Admission requests (v1 POST /v1/rollout/init, v2 POST /rollout) by answer: 202, 409, "
-    "429, 503, or 4xx/5xx for the others",
-    ["protocol", "outcome"],
-)
-
-# --- workers ---------------------------------------------------------------------------------
 INFLIGHT = Gauge(
     "rollout_fleet_worker_inflight_rollouts",
     "Rollouts this worker process is running",
@@ -100,16 +77,6 @@ POLL_LEASE_EXPIRIES = Counter(
 )
 
 
-def registry() -> CollectorRegistry:
-    """What a scrape of this process shows: its own metrics, or with ``MULTIPROC_ENV`` set,
-    those of every process writing there."""
-    if MULTIPROC_ENV not in os.environ:
-        return REGISTRY
-    merged = CollectorRegistry()
-    multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
-    return merged
-
-
 def serve(port: int, address: str = "0.0.0.0") -> tuple[WSGIServer, threading.Thread]:
     """``/metrics`` on ``port``, answered by a thread of its own (never the event loop)."""
     return start_http_server(port, address, registry())
@@ -151,7 +118,6 @@ def observe_traingate_call(
 
 
 __all__ = [
-    "ADMISSIONS",
     "CALLBACKS",
     "DURATION",
     "FINISHED",
@@ -164,7 +130,6 @@ __all__ = [
     "TRAINGATE_RETRIES",
     "WORKER_LEASES_LOST",
     "observe_traingate_call",
-    "registry",
     "rollout_finished",
     "serve",
 ]

@@ -3,7 +3,7 @@
 * A rollout whose worker lease lapsed (its worker died) goes back to the front of the queue;
   with the default 15 s lease and 5 s sweep it runs again elsewhere within about 20 s, long
   before the broker's visibility timeout would redeliver it. Not in the first lease after a
-  Redis restart: leases lapsed then because nobody could renew them, and their live owners
+  Redis restart: leases lapsed then because nobody could renew them, and their live holders
   get one lease to renew before anyone takes over (a takeover of a rollout delivering its
   v1 callback would post that callback twice).
 * A rollout whose message a worker took but never started (it died in between) goes back to
@@ -27,78 +27,86 @@ import logging
 import time
 from collections.abc import Callable
 
+from rollout_core.protocols import v2
+from rollout_core.settings import FleetSettings
+from rollout_core.store import RecordKey, RecordStore
 from rollout_worker import metrics
-from rollout_worker.records import RecordStore
-from rollout_worker.settings import FleetSettings
 
 logger = logging.getLogger(__name__)
 
 SWEEP_BATCH = 500
+# Why a rollout went back on the queue: the requeues metric's label, and what the log says.
+REQUEUED = {
+    "lease_lapsed": "its worker stopped renewing the lease; requeued",
+    "unstarted": "taken by a worker that never started it; requeued",
+    "lost_message": "its message was lost on the way to a worker; resent",
+}
 
 
 class Sweeper:
     def __init__(
-        self, store: RecordStore, requeue_message: Callable[[str], str], settings: FleetSettings
+        self,
+        store: RecordStore,
+        requeue_message: Callable[[RecordKey], str],
+        settings: FleetSettings,
     ) -> None:
         self._store = store
         self._requeue_message = requeue_message
-        self._inflight_ttl_ms = int(settings.inflight_ttl_seconds * 1000)
-        self._retention_ms = int(settings.result_retention_seconds * 1000)
+        self._inflight_ttl = settings.inflight_ttl_seconds
+        self._retention = settings.result_retention_seconds
         self._lease_seconds = settings.lease_seconds
         self._unstarted_after = 2 * settings.lease_seconds
-        self._lost_check_ms = int(4 * settings.lease_seconds * 1000)
+        self._lost_check_every = 4 * settings.lease_seconds
 
     async def sweep(self) -> int:
         """Requeue rollouts whose worker lease lapsed, whose taker never started them or
         whose message was lost; expire unpolled v2 rollouts."""
         requeued = await self._requeue_lapsed()
         taken_before = time.time() - self._unstarted_after
-        for tag, record in await self._store.stale_deliveries(taken_before, SWEEP_BATCH):
-            if await self._store.restore_unstarted(record, tag, self._requeue_message(record)):
-                requeued += 1
-                metrics.REQUEUES.labels("unstarted").inc()
-                logger.warning(
-                    "rollout %s: taken by a worker that never started it; requeued",
-                    self._store.keys.rollout_key(record),
-                )
+        for tag, key in await self._store.stale_deliveries(taken_before, SWEEP_BATCH):
+            if await self._store.restore_unstarted(key, tag, self._requeue_message(key)):
+                requeued += self._requeued("unstarted", key)
         requeued += await self._resend_lost()
-        expired = await self._store.expire_polls(SWEEP_BATCH, self._retention_ms)
+        await self._expire_unpolled()
+        await self._store.prune(self._inflight_ttl)
+        return requeued
+
+    async def _expire_unpolled(self) -> None:
+        overdue = await self._store.overdue_polls(SWEEP_BATCH)
+        if not overdue:
+            return
+        results = {key: v2.lease_expired_json(self._store.keys.record_id(key)) for key in overdue}
+        expired = await self._store.expire_polls(results, self._retention)
         metrics.POLL_LEASE_EXPIRIES.inc(expired)
         if expired:
             logger.warning("%d rollouts were not polled in time: failed as lease_expired", expired)
-        await self._store.prune(self._inflight_ttl_ms)
-        return requeued
 
     async def _requeue_lapsed(self) -> int:
-        lapsed = await self._store.expired(SWEEP_BATCH)
+        lapsed = await self._store.lapsed_leases(SWEEP_BATCH)
         if lapsed and await self._store.redis_uptime() < self._lease_seconds:
-            return 0  # Redis just restarted: owners first get a lease to renew (see module)
+            return 0  # Redis just restarted: holders first get a lease to renew (see module)
         requeued = 0
-        for record in lapsed:
-            if await self._store.requeue(record, self._requeue_message(record)):
-                requeued += 1
-                metrics.REQUEUES.labels("lease_lapsed").inc()
-                logger.warning(
-                    "rollout %s: its worker stopped renewing the lease; requeued",
-                    self._store.keys.rollout_key(record),
-                )
+        for key in lapsed:
+            if await self._store.requeue(key, self._requeue_message(key)):
+                requeued += self._requeued("lease_lapsed", key)
         return requeued
 
     async def _resend_lost(self) -> int:
-        if not await self._store.take_turn("lost-messages", self._lost_check_ms):
+        if not await self._store.take_turn("lost-messages", self._lost_check_every):
             return 0
         found = await self._store.waiting_without_message()
-        previous = await self._store.swap_lost_suspects(found, 3 * self._lost_check_ms)
+        previous = await self._store.swap_lost_suspects(found, 3 * self._lost_check_every)
         resent = 0
-        for record in sorted(found & previous):
-            if await self._store.resend(record, self._requeue_message(record), self._lost_check_ms):
-                resent += 1
-                metrics.REQUEUES.labels("lost_message").inc()
-                logger.warning(
-                    "rollout %s: its message was lost on the way to a worker; resent",
-                    self._store.keys.rollout_key(record),
-                )
+        for key in sorted(found & previous):
+            if await self._store.resend(key, self._requeue_message(key), self._lost_check_every):
+                resent += self._requeued("lost_message", key)
         return resent
+
+    def _requeued(self, reason: str, key: RecordKey) -> int:
+        """Count and log one rollout put back on the queue; 1."""
+        metrics.REQUEUES.labels(reason).inc()
+        logger.warning("rollout %s: %s", self._store.keys.record_id(key), REQUEUED[reason])
+        return 1
 
 
 __all__ = ["Sweeper"]

@@ -2,6 +2,8 @@
 
 The task is a thin synchronous wrapper: it hands the record key to the process's event
 loop and waits, so Celery's ``--concurrency`` caps the rollouts in flight per process.
+Importing this module registers the task on the fleet's Celery app (``rollout-fleet worker``
+does, before it starts the worker).
 """
 
 from __future__ import annotations
@@ -10,18 +12,18 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from celery import signals
 from celery.exceptions import Reject
-from redis.exceptions import RedisError
 
+from rollout_core import logs, tracing
+from rollout_core.queue.celery_app import app, settings
+from rollout_core.queue.envelope import TASK_NAME
+from rollout_core.store import Keys, RecordKey, StoreError
 from rollout_sdk.loader import AgentLoadError, load_agent
 from rollout_sdk.server.http import settle_heap
-from rollout_worker import logs, tracing
-from rollout_worker.celery_app import app, settings
-from rollout_worker.envelope import TASK_NAME
-from rollout_worker.records import Keys
 from rollout_worker.runtime import WorkerRuntime
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ _naming = threading.local()
 def _name_rollout(args: Any = None, **_: Any) -> None:
     """Celery's own lines about a task (its outcome) name the task's rollout."""
     if args:
-        _naming.token = logs.begin(Keys(settings.key_prefix).rollout_key(args[0]))
+        _naming.token = logs.begin(Keys(settings.key_prefix).record_id(args[0]))
 
 
 @signals.task_postrun.connect
@@ -67,16 +69,15 @@ def _start_runtime(sender: Any = None, **_: Any) -> None:
     if settings.tracing:
         tracing.setup("rollout-worker")
     concurrency = getattr(sender, "concurrency", None) or settings.concurrency
-    runtime = WorkerRuntime(settings, app, agent, concurrency)
     try:
-        runtime.start()
+        runtime = WorkerRuntime(settings, app, agent, concurrency)
     except Exception as exc:
         # Celery only logs exceptions raised by signal handlers; a worker that cannot run
         # rollouts must exit instead of consuming them.
         raise SystemExit(f"the worker cannot start: {type(exc).__name__}: {exc}") from exc
     _runtime = runtime
     settle_heap()
-    logger.info("worker %s serving agent %r (%d slots)", runtime.owner, agent.name, concurrency)
+    logger.info("worker %s serving agent %r (%d slots)", runtime.name, agent.name, concurrency)
 
 
 @signals.worker_ready.connect
@@ -109,18 +110,23 @@ def _revoked(request: Any = None, **_: Any) -> None:
     """A revoked message is dropped unexecuted; the record must not stay queued forever."""
     args = getattr(request, "args", None)
     if _runtime is not None and args and getattr(request, "task", None) == TASK_NAME:
-        _runtime.cancel_unstarted(args[0])
+        _runtime.cancel_unstarted(RecordKey(args[0]))
 
 
 @app.task(name=TASK_NAME)
-def run_rollout(record: str) -> str:
+def run_rollout(key: str) -> str:
     if _runtime is None:
         raise RuntimeError("the worker runtime is not running")
     try:
-        return _runtime.run_rollout(record)
+        return _runtime.run_rollout(RecordKey(key))
     except (asyncio.CancelledError, concurrent.futures.CancelledError):
         return "cancelled"
-    except RedisError as exc:
+    except StoreError as exc:
         # Acking now could lose a rollout whose claim never reached Redis; put the message
         # back (a duplicate delivery is harmless: the claim sorts it out).
         raise Reject(f"Redis unavailable ({type(exc).__name__}); requeued", requeue=True) from exc
+
+
+def run_worker(argv: Sequence[str]) -> None:
+    """Run a Celery worker of the fleet's app, with ``rollout.run`` registered (above)."""
+    app.worker_main(list(argv))

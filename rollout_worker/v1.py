@@ -1,9 +1,8 @@
-"""The v1 protocol on the fleet: the record the gateway writes and the worker carries.
+"""The v1 carrier: runs the agent loop and delivers its completion callback.
 
-A v1 rollout is keyed by its idempotency key (``idempotency_key or rollout_id``, P§1.3.1).
-The worker runs the agent loop, stores the completion body (status ``delivering``) and only
-then posts it, so a worker that dies mid-delivery leaves a result another worker delivers
-instead of a rollout the trainer never hears about.
+The completion body is stored (status ``delivering``) before it is posted, so a worker that
+dies mid-delivery leaves a result another worker delivers instead of a rollout the trainer
+never hears about.
 """
 
 from __future__ import annotations
@@ -12,46 +11,23 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
+from rollout_core.protocols.v1 import PROTOCOL, request_from_record
+from rollout_core.secrets import SecretBox, redact
+from rollout_core.store import Claim, Protocol, RecordField, Status, Verdict
 from rollout_sdk.client import HttpClientShards, OsmosisLLMClient
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import OsmosisRolloutError
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
 from rollout_sdk.runner import error_response, run_agent_loop
-from rollout_worker import metrics, tracing
-from rollout_worker.execution import Lease, time_limit_message
-from rollout_worker.records import Claim, Status, Verdict
-from rollout_worker.secrets import SecretBox, redact
+from rollout_worker import metrics
+from rollout_worker.execution import CANCELLED, Lease, Refusal, time_limit_message
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL = "v1"
 AGENT_ERROR = "agent_error"  # v1 results carry no error category; a failed one is the agent's
-CANCELLED_MESSAGE = "rollout cancelled before it finished"
-
-
-def admission_fields(request: RolloutRequest, response_json: str, box: SecretBox) -> dict[str, str]:
-    """The record fields of a newly admitted v1 rollout; the API key is sealed, never plain."""
-    fields = {
-        "protocol": PROTOCOL,
-        "rollout_id": request.rollout_id,
-        "request": request.model_dump_json(exclude={"api_key"}),
-        "response": response_json,
-        **tracing.context_fields(),
-    }
-    if request.api_key:
-        fields["secret"] = box.seal(request.api_key)
-    return fields
-
-
-def request_from_record(record: Mapping[str, str], box: SecretBox) -> RolloutRequest:
-    request = RolloutRequest.model_validate_json(record["request"], context={"admitted": True})
-    if "secret" in record:
-        request = request.model_copy(update={"api_key": box.open(record["secret"])})
-    return request
 
 
 def terminal_status(response: RolloutResponse) -> Status:
@@ -60,6 +36,8 @@ def terminal_status(response: RolloutResponse) -> Status:
 
 class V1Carrier:
     """Runs v1 agent loops and delivers their completion callbacks."""
+
+    protocol: Protocol = PROTOCOL
 
     def __init__(
         self,
@@ -71,7 +49,7 @@ class V1Carrier:
         time_limit: float,
         debug_dir: str | None = None,
     ) -> None:
-        self.retention_ms = int(retention_seconds * 1000)
+        self.retention_seconds = retention_seconds
         self._time_limit = time_limit  # seconds on this worker; 0: none
         self._agent_loop = agent_loop
         self._http = http
@@ -90,47 +68,30 @@ class V1Carrier:
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
-        if claim.verdict is Verdict.DELIVERING:
-            response = RolloutResponse.model_validate_json(claim.record["result"])
-        else:
-            response, turns = await self._produce(claim, request)
-            stored = await lease.advance(
-                Status.DELIVERING, result=response.wire_json(), turns=json.dumps(turns)
-            )
-            if not stored:
-                return None
-        delivery = await self._deliver(request, response)
-        status = terminal_status(response)
-        if not await lease.advance(status, delivery=delivery):
-            return None
-        metrics.rollout_finished(
-            PROTOCOL, status, None if status is Status.SUCCESS else AGENT_ERROR
-        )
-        return status
+        if claim.verdict is Verdict.DELIVERING:  # a worker died delivering it: deliver again
+            stored = RolloutResponse.model_validate_json(claim.record.result or "")
+            return await self._deliver_stored(lease, request, stored)
+        response, turns = await self._run(claim, request)
+        return await self._deliver(lease, request, response, turns)
 
-    async def _produce(
+    async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
+        request = request_from_record(claim.record, self._box)
+        response = error_response(request.rollout_id, refusal.message)
+        return await self._deliver(lease, request, response)
+
+    async def _run(
         self, claim: Claim, request: RolloutRequest
     ) -> tuple[RolloutResponse, list[dict[str, Any]]]:
-        """Run the agent, or explain why it did not run (the trainer hears back either way);
-        with what each of its LLM calls returned besides the message."""
-        if claim.verdict is Verdict.CANCELLED:
-            return error_response(request.rollout_id, CANCELLED_MESSAGE), []
-        if claim.verdict is Verdict.EXHAUSTED:
-            message = (
-                f"rollout abandoned after {claim.attempt - 1} attempts: the workers running it "
-                "stopped (crashed or were killed) each time"
-            )
-            return error_response(request.rollout_id, message), []
-        if claim.verdict is Verdict.ABANDONED:
-            return error_response(request.rollout_id, claim.record["abandon_reason"]), []
-        tools: list[Any] = json.loads(claim.record["response"])["tools"]
+        """Run the agent (the trainer hears back whatever happens); with what each of its LLM
+        calls returned besides the message."""
+        tools: list[Any] = json.loads(claim.record.response or "{}")["tools"]
         client = self._client(request)
         ctx = RolloutContext(
             request,
             tools,
             client,
             # total_latency_ms counts from admission, queue time included (P§1.6).
-            _start_time=time.monotonic() - claim.ms_since_accepted / 1000,
+            _start_time=time.monotonic() - claim.since_accepted,
             _debug_dir=self._debug_dir,
         )
         try:
@@ -142,10 +103,35 @@ class V1Carrier:
         except asyncio.CancelledError:
             # Cancelled by an operator (Flower's Revoke) or because the lease was lost; in the
             # latter case storing this result fails and another worker owns the rollout.
-            response = error_response(request.rollout_id, CANCELLED_MESSAGE, ctx)
+            response = error_response(request.rollout_id, CANCELLED, ctx)
         return response, client.turns()
 
-    async def _deliver(self, request: RolloutRequest, response: RolloutResponse) -> str:
+    async def _deliver(
+        self,
+        lease: Lease,
+        request: RolloutRequest,
+        response: RolloutResponse,
+        turns: list[dict[str, Any]] | None = None,
+    ) -> Status | None:
+        """Store the completion body, then post it."""
+        fields = {RecordField.TURNS: json.dumps(turns or [])}
+        if not await lease.advance(Status.DELIVERING, result=response.wire_json(), fields=fields):
+            return None
+        return await self._deliver_stored(lease, request, response)
+
+    async def _deliver_stored(
+        self, lease: Lease, request: RolloutRequest, response: RolloutResponse
+    ) -> Status | None:
+        delivery = await self._post(request, response)
+        status = terminal_status(response)
+        if not await lease.advance(status, fields={RecordField.DELIVERY: delivery}):
+            return None
+        metrics.rollout_finished(
+            PROTOCOL, status, None if status is Status.SUCCESS else AGENT_ERROR
+        )
+        return status
+
+    async def _post(self, request: RolloutRequest, response: RolloutResponse) -> str:
         try:
             await self._client(request).post_completion(response)
         except OsmosisRolloutError as exc:
@@ -159,4 +145,4 @@ class V1Carrier:
         return "delivered"
 
 
-__all__ = ["PROTOCOL", "V1Carrier", "admission_fields", "request_from_record"]
+__all__ = ["V1Carrier"]

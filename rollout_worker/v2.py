@@ -1,9 +1,8 @@
-"""The v2 protocol on the fleet: the record the gateway writes and the worker carries.
+"""The v2 carrier: runs the workflow and grader, and stores the wire result the trainer's
+long-poll returns.
 
-A v2 rollout is keyed by its ``rollout_id``. The worker runs the workflow and grader with the
-SDK's own execution semantics (deadlines counting queue time, error categories, reward
-stripping), reports ``grading`` as it starts grading, and stores the wire result the
-trainer's long-poll returns.
+It runs them with the SDK's own execution semantics (deadlines counting queue time, error
+categories, reward stripping) and reports ``grading`` as it starts grading.
 """
 
 from __future__ import annotations
@@ -13,67 +12,43 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
+from rollout_core.protocols.v2 import PROTOCOL, request_from_record
+from rollout_core.secrets import SecretBox
+from rollout_core.store import Claim, Protocol, RecordField, Status, Verdict
 from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
 from rollout_sdk.context import RolloutContext, RolloutProgress
-from rollout_sdk.server.rollout_server import cancelled_result
 from rollout_sdk.types import (
-    ExecutionResult,
     RolloutErrorCategory,
     RolloutInitRequest,
     RolloutResultResponse,
     RolloutStatus,
+    cancelled_result,
+    failure_result,
     wire_result,
 )
-from rollout_worker import metrics, tracing
-from rollout_worker.execution import Lease, time_limit_message
-from rollout_worker.records import Claim, Status, Verdict
-from rollout_worker.secrets import SecretBox
+from rollout_worker import metrics
+from rollout_worker.execution import Lease, Refusal, time_limit_message
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL = "v2"
-
-
-def admission_fields(request: RolloutInitRequest, box: SecretBox) -> dict[str, str]:
-    """The record fields of a newly admitted v2 rollout; the LLM key is sealed, never plain."""
-    fields = {
-        "protocol": PROTOCOL,
-        "rollout_id": request.rollout_id,
-        "request": request.model_dump_json(exclude={"llm_api_key"}),
-        **tracing.context_fields(),
-    }
-    if request.llm_api_key:
-        fields["secret"] = box.seal(request.llm_api_key)
-    return fields
-
-
-def request_from_record(record: Mapping[str, str], box: SecretBox) -> RolloutInitRequest:
-    request = RolloutInitRequest.model_validate_json(record["request"])
-    if "secret" in record:
-        request = request.model_copy(update={"llm_api_key": box.open(record["secret"])})
-    return request
-
-
-def failure_result(
-    rollout_id: str,
-    message: str = "rollout task crashed",
-    category: RolloutErrorCategory = RolloutErrorCategory.INTERNAL_ERROR,
-) -> RolloutResultResponse:
-    return wire_result(
-        rollout_id,
-        ExecutionResult(status=RolloutStatus.FAILURE, err_message=message, err_category=category),
-    )
+# How a refused rollout fails on the wire (a cancelled one is cancelled, not failed).
+REFUSAL_CATEGORIES = {
+    Verdict.EXHAUSTED: RolloutErrorCategory.INTERNAL_ERROR,
+    Verdict.ABANDONED: RolloutErrorCategory.AGENT_ERROR,
+}
 
 
 class V2Carrier:
     """Runs v2 workflows (and graders) on this worker process."""
 
+    protocol: Protocol = PROTOCOL
+
     def __init__(
         self, bundle: WorkflowBundle, box: SecretBox, retention_seconds: float, time_limit: float
     ) -> None:
-        self.retention_ms = int(retention_seconds * 1000)
+        self.retention_seconds = retention_seconds
         self._bundle = bundle
         self._box = box
         self._time_limit = time_limit  # seconds on this worker; 0: none
@@ -83,15 +58,6 @@ class V2Carrier:
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
-        if claim.verdict is Verdict.CANCELLED:
-            return await self._record(lease, cancelled_result(request.rollout_id))
-        if claim.verdict is Verdict.EXHAUSTED:
-            message = f"rollout task crashed: {claim.attempt - 1} workers died running it"
-            return await self._record(lease, failure_result(request.rollout_id, message))
-        if claim.verdict is Verdict.ABANDONED:
-            reason = claim.record["abandon_reason"]
-            result = failure_result(request.rollout_id, reason, RolloutErrorCategory.AGENT_ERROR)
-            return await self._record(lease, result)
         try:
             result, trajectory = await self._run(request, claim, lease)
         except asyncio.CancelledError:
@@ -99,6 +65,13 @@ class V2Carrier:
             # worker still holds can record the cancellation.
             return await self._record(lease, cancelled_result(request.rollout_id))
         return await self._record(lease, result, trajectory)
+
+    async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
+        rollout_id = request_from_record(claim.record, self._box).rollout_id
+        category = REFUSAL_CATEGORIES.get(refusal.verdict)
+        if category is None:
+            return await self._record(lease, cancelled_result(rollout_id))
+        return await self._record(lease, failure_result(rollout_id, refusal.message, category))
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
@@ -127,7 +100,7 @@ class V2Carrier:
         execution = request.execution_request()
         waiting_since = time.monotonic()
         async with self._slot():
-            queued_sec = claim.ms_since_accepted / 1000 + (time.monotonic() - waiting_since)
+            queued_sec = claim.since_accepted + (time.monotonic() - waiting_since)
             try:
                 async with asyncio.timeout(self._time_limit or None):
                     outcome = await execute_rollout(
@@ -152,12 +125,12 @@ class V2Carrier:
         self, lease: Lease, result: RolloutResultResponse, trajectory: str = ""
     ) -> Status | None:
         status = Status(result.status.value)
-        fields = {"trajectory": trajectory} if trajectory else {}
-        if not await lease.advance(status, result=result.wire_json(), **fields):
+        fields = {RecordField.TRAJECTORY: trajectory} if trajectory else {}
+        if not await lease.advance(status, result=result.wire_json(), fields=fields):
             return None
         category = result.err_category.value if result.err_category else None
         metrics.rollout_finished(PROTOCOL, status, category)
         return status
 
 
-__all__ = ["PROTOCOL", "V2Carrier", "admission_fields", "failure_result", "request_from_record"]
+__all__ = ["V2Carrier"]

@@ -23,9 +23,11 @@ import traceback
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
+
+K = TypeVar("K")
 
 PING_INTERVAL_SECONDS = 0.2
 
@@ -33,7 +35,7 @@ PING_INTERVAL_SECONDS = 0.2
 @dataclass(frozen=True)
 class Stall:
     seconds: float
-    record: str | None  # the rollout the loop is stuck in, when it is stuck in one
+    key: str | None  # the record of the rollout the loop is stuck in, if it is stuck in one
     stack: str  # where the loop thread is
 
 
@@ -58,8 +60,8 @@ class TaskLineage:
         loop.set_task_factory(factory)  # type: ignore[arg-type]
 
     def root_in(
-        self, task: asyncio.Task[Any] | None, roots: Mapping[str, asyncio.Task[Any]]
-    ) -> str | None:
+        self, task: asyncio.Task[Any] | None, roots: Mapping[K, asyncio.Task[Any]]
+    ) -> K | None:
         """The key in ``roots`` of ``task`` or of the task that (indirectly) created it."""
         by_task = {id(root): key for key, root in roots.items()}
         while task is not None:
@@ -107,7 +109,7 @@ class LoopWatchdog:
             logger.warning(
                 "event loop blocked for %.1fs so far, in rollout %s; loop thread at:\n%s",
                 stall.seconds,
-                stall.record or "(none)",
+                stall.key or "(none)",
                 stall.stack,
             )
             if self._held_by_one_task(pinged_at):
@@ -116,7 +118,7 @@ class LoopWatchdog:
             logger.warning(
                 "event loop slow for %.1fs (rollout %s when it was noticed)",
                 time.monotonic() - pinged_at,
-                stall.record,
+                stall.key,
             )
 
     def _held_by_one_task(self, pinged_at: float) -> bool:
@@ -136,8 +138,8 @@ class LoopWatchdog:
         ident = self._loop_thread.ident
         frame = sys._current_frames().get(ident) if ident is not None else None
         stack = "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)"
-        record = self._culprit(asyncio.current_task(self._loop))
-        return Stall(time.monotonic() - pinged_at, record, stack)
+        key = self._culprit(asyncio.current_task(self._loop))
+        return Stall(time.monotonic() - pinged_at, key, stack)
 
 
 __all__ = ["LoopWatchdog", "Stall", "TaskLineage"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from tests.harness import (
     MockTrainGateClient,
     V2FleetUnderTest,
 )
+from tests.seed_examples import SHARED, write_examples
 
 # Fast knobs so retries, leases and recovery play out in seconds, not minutes.
 TEST_ENV = {
@@ -41,6 +43,14 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer(databases=1024).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def seed_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The seed documents' code examples, each written to a folder of its own."""
+    if not SHARED.is_dir():
+        pytest.skip(f"the seed documents are not here ({SHARED})")
+    return write_examples(tmp_path_factory.mktemp("seed-examples"))
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,9 @@ import redis
 from kombu import Connection, Queue
 from kombu.message import Message
 
+from rollout_core.queue.broker import TRANSPORT
+from rollout_core.store.schema import UNACKED
 from rollout_fleet.redis_server import RedisServer
-from rollout_worker.broker import TRANSPORT
-from rollout_worker.envelope import UNACKED_KEY
 
 
 @pytest.mark.parametrize("transport", [TRANSPORT, None], ids=["ours", "kombu's"])
@@ -41,7 +41,7 @@ def test_a_vanished_redis_does_not_break_closing(transport: str | None) -> None:
         consumer.channel.qos.restore_unacked()
         taken[0].ack()
         server.start()  # same port and AOF: the taken message waits for the sweeper
-        assert redis.Redis.from_url(server.url).hlen(UNACKED_KEY) == 1
+        assert redis.Redis.from_url(server.url).hlen(UNACKED) == 1
     finally:
         connection.release()
         server.stop()

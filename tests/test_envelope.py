@@ -1,4 +1,4 @@
-"""Contract: the task messages our Lua scripts enqueue are the ones Celery itself would.
+"""Contract: the task messages the store's scripts enqueue are the ones Celery itself would.
 
 If a Celery/kombu upgrade changes the protocol-2 message or kombu's Redis envelope, this
 fails before any rollout is lost to an unreadable message.
@@ -13,15 +13,14 @@ import redis
 from celery import Celery
 from kombu import Connection
 
-from rollout_fleet.redis_server import RedisServer
-from rollout_worker.envelope import (
+from rollout_core.queue.envelope import (
     TASK_NAME,
-    UNACKED_INDEX_KEY,
-    UNACKED_KEY,
     record_of_delivery,
     task_id_for,
     task_message,
 )
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX
+from rollout_fleet.redis_server import RedisServer
 
 # Per-message values, plus two properties send_task adds only because it copies its
 # unknown keyword options into the properties (the headers carry the same values).
@@ -86,13 +85,13 @@ def test_a_taken_message_kombu_holds_unacked_names_its_record(redis_server: Redi
     client.flushdb()
     record = "rf:v2:rollout-7"
     client.lpush("taken-q", task_message(app, record, "rollout-7", "taken-q"))
-    options = {"unacked_key": UNACKED_KEY, "unacked_index_key": UNACKED_INDEX_KEY}
+    options = {"unacked_key": UNACKED, "unacked_index_key": UNACKED_INDEX}
     try:
         with Connection(url, transport_options=options) as connection:
             queue = connection.SimpleQueue("taken-q")
             queue.get(timeout=5)  # taken, never acked: a worker that died right here
-            (entry,) = client.hvals(UNACKED_KEY)
-            assert client.zcard(UNACKED_INDEX_KEY) == 1
+            (entry,) = client.hvals(UNACKED)
+            assert client.zcard(UNACKED_INDEX) == 1
             queue.close()
     finally:
         client.flushdb()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from rollout_worker.settings import FleetSettings
+from rollout_core.settings import FleetSettings
 from tests.harness import REPO
 
 README = (REPO / "README.md").read_text()

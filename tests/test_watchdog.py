@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
+from rollout_core.settings import FleetSettings
 from rollout_worker.loop import LoopThread
-from rollout_worker.settings import FleetSettings
 from rollout_worker.watchdog import LoopWatchdog, Stall, TaskLineage
 
 
@@ -73,7 +73,7 @@ def test_a_blocking_helper_task_is_blamed_on_its_rollout(loop_thread: LoopThread
     for task in roots.values():
         loop_thread.loop.call_soon_threadsafe(task.cancel)
     (stall,) = stalls
-    assert stall.record == "rf:v2:stuck"
+    assert stall.key == "rf:v2:stuck"
     assert stall.seconds >= 1.0
     assert "blocking_agent_step" in stall.stack
 

@@ -107,7 +107,7 @@ class ChaosFleet:
         return [
             record
             for record in store.zrange(f"{self.fleet.key_prefix}:leases", 0, -1)
-            if f":{pid}:" in (store.hget(record, "owner") or "")
+            if f":{pid}:" in (store.hget(record, "execution") or "")
         ]
 
     def wait_taken_over(self, records: list[str], pid: int, timeout: float = 60) -> float:
@@ -115,7 +115,7 @@ class ChaosFleet:
         finished)."""
         store, started = self.redis(), time.monotonic()
         while time.monotonic() - started < timeout:
-            states = [store.hmget(record, "status", "owner") for record in records]
+            states = [store.hmget(record, "status", "execution") for record in records]
             if all(s in TERMINAL or (o and f":{pid}:" not in o) for s, o in states):
                 return time.monotonic() - started
             time.sleep(0.1)

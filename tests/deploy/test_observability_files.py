@@ -12,7 +12,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from rollout_gateway.metrics import FleetFigures, fleet_registry
+from rollout_core.metrics import registry
+from rollout_core.store import FleetCounts, FleetFigures, FleetWorkers
+from rollout_gateway.metrics import fleet_registry
 from rollout_worker import metrics
 from tests.harness import REPO
 
@@ -23,10 +25,11 @@ METRIC = re.compile(r"\brollout_fleet_\w+")
 def exported() -> set[str]:
     """Every sample name a gateway or worker can expose."""
     names: set[str] = set()
-    fleet = fleet_registry(FleetFigures(0, 0.0, 0, 0, 0, 0))
-    for registry in (metrics.registry(), fleet):
-        assert isinstance(registry, CollectorRegistry)
-        for family in registry.collect():
+    fleet = fleet_registry(FleetFigures(0, 0.0, FleetCounts(0, 0, 0), FleetWorkers()))
+    assert metrics.INFLIGHT is not None  # the worker's metrics, defined on import
+    for collected in (registry(), fleet):
+        assert isinstance(collected, CollectorRegistry)
+        for family in collected.collect():
             names.add(family.name)
             suffixes = ("_total", "_bucket", "_count", "_sum", "_created")
             names.update(f"{family.name}{suffix}" for suffix in suffixes)
@@ -86,7 +89,7 @@ def test_the_scaled_object_targets_the_queue_the_fleet_uses() -> None:
     scaler, auth = yaml.safe_load_all((DEPLOY / "keda/worker-scaledobject.yaml").read_text())
     assert (scaler["kind"], auth["kind"]) == ("ScaledObject", "TriggerAuthentication")
     redis = next(t for t in scaler["spec"]["triggers"] if t["type"] == "redis")
-    from rollout_worker.settings import FleetSettings
+    from rollout_core.settings import FleetSettings
 
     assert redis["metadata"]["listName"] == FleetSettings.model_fields["queue"].default
     assert redis["authenticationRef"]["name"] == auth["metadata"]["name"]

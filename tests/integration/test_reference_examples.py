@@ -1,15 +1,27 @@
-"""Issue acceptance: the seed documents' examples run on the fleet unmodified, through the
-``osmosis_ai`` import alias (shared/reference/000 and 001)."""
+"""Issue acceptance: the seed documents' v1 examples run on the fleet unmodified, through the
+``osmosis_ai`` import alias (shared/reference/000 and 001, read from there by
+tests/seed_examples.py)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import StartFleet
-from tests.harness import CALCULATOR_DATASET, REPO, new_id
+from tests.harness import CALCULATOR_DATASET, new_id
+from tests.seed_examples import requires_seed_documents
 
-REFERENCE_000 = f"{REPO / 'tests/agents/reference_000/server.py'}:agent_loop"
-REFERENCE_001 = f"{REPO / 'tests/agents/reference_001/server.py'}:agent_loop"
+pytestmark = requires_seed_documents
+
+
+@pytest.fixture(scope="module")
+def agent(seed_examples: dict[str, Path]) -> dict[str, str]:
+    return {
+        document: f"{seed_examples[f'{document}_server.py']}:agent_loop"
+        for document in ("000", "001")
+    }
 
 
 def dataset() -> list[dict[str, str]]:
@@ -17,9 +29,9 @@ def dataset() -> list[dict[str, str]]:
 
 
 def test_the_complete_example_of_000_earns_reward_1_on_correct_answers(
-    start_fleet: StartFleet,
+    start_fleet: StartFleet, agent: dict[str, str]
 ) -> None:
-    fleet = start_fleet(REFERENCE_000, workers=1)
+    fleet = start_fleet(agent["000"], workers=1)
     try:
         bodies = [
             fleet.body(
@@ -51,8 +63,10 @@ def test_the_complete_example_of_000_earns_reward_1_on_correct_answers(
         fleet.close()
 
 
-def test_the_quick_start_snippet_of_001_runs(start_fleet: StartFleet) -> None:
-    fleet = start_fleet(REFERENCE_001, workers=1)
+def test_the_quick_start_snippet_of_001_runs(
+    start_fleet: StartFleet, agent: dict[str, str]
+) -> None:
+    fleet = start_fleet(agent["001"], workers=1)
     try:
         body = fleet.body(messages=[{"role": "user", "content": "What is 12 * 8?"}])
         assert fleet.init(body).status_code == 202

@@ -1,64 +1,39 @@
 """Issue acceptance: the code examples of the seed documents 002, 003 and 004 run on the fleet
-unmodified, through the ``osmosis_ai`` import alias, against the mock TrainGate.
-
-002 and 003 lost their line breaks when the documents were captured; their files restore only
-whitespace, and the first test proves every token is the document's.
+unmodified, through the ``osmosis_ai`` import alias, against the mock TrainGate. They are read
+from the shared workspace (tests/seed_examples.py): 002 and 003 lost their line breaks when the
+documents were captured, and only whitespace is restored.
 """
 
 from __future__ import annotations
 
-import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import V2_ENV, StartFleet
-from tests.harness import REPO, V2FleetUnderTest
+from tests.harness import V2FleetUnderTest
+from tests.seed_examples import EXAMPLES, requires_seed_documents
 
-DOCS = REPO / "tests" / "reference_docs"  # verbatim copies of the shared seed documents
-SHARED_DOCS = REPO.parent / "shared" / "reference"
-AGENTS = REPO / "tests" / "agents"
-MARK = "# --- verbatim from here ---\n"
-
-# file → (document, first characters of the example in it, restored whitespace?)
-EXAMPLES = {
-    "reference_002/example_search.py": ("002_d2a56acf379bdbc2.txt", "from typing import Anyfrom strands", True),
-    "reference_002/example_configurable.py": ("002_d2a56acf379bdbc2.txt", "from osmosis_ai.rollout import ( AgentWorkflow, AgentWorkflowConfig, AgentWorkflowContext,)class MyConfig", True),
-    "reference_003/example_multiply.py": ("003_0a149eff60aaf400.txt", "from agents import ModelSettings, Runner, function_tool", True),
-    "reference_004/example_base.py": ("004_c0db105f2916056e.txt", "from osmosis_ai.rollout import AgentWorkflow, AgentWorkflowContext\n\n\nclass MyWorkflow", False),
-    "reference_004/example_strands.py": ("004_c0db105f2916056e.txt", "from osmosis_ai.rollout import AgentWorkflow, AgentWorkflowContext\nfrom osmosis_ai.rollout.integrations.agents.strands", False),
-    "reference_004/example_openai_agents.py": ("004_c0db105f2916056e.txt", "from agents import ModelSettings, Runner\n", False),
-    "reference_004/example_custom_config.py": ("004_c0db105f2916056e.txt", "from osmosis_ai.rollout import (\n    AgentWorkflow,\n    AgentWorkflowConfig,\n    AgentWorkflowContext,\n    ConcurrencyConfig,", False),
-    "reference_004/example_tools.py": ("004_c0db105f2916056e.txt", "from typing import Any\n\nfrom strands import tool", False),
-}  # fmt: skip
+pytestmark = requires_seed_documents
 
 
-@pytest.mark.skipif(not SHARED_DOCS.is_dir(), reason="no shared workspace next to this clone")
-def test_the_copied_documents_are_the_shared_ones() -> None:
-    for document in SHARED_DOCS.glob("*.txt"):
-        assert (DOCS / document.name).read_bytes() == document.read_bytes(), document.name
+@requires_seed_documents
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_each_example_is_the_documents_code_but_for_whitespace(name: str) -> None:
+    example = EXAMPLES[name]
+    code = example.code(name).removeprefix(example.prelude)
+    text = example.text()
+    start = text.index(example.opening)
+    tokens = "".join(code.split())
+    assert "".join(text[start:].split())[: len(tokens)] == tokens
+    compile(example.prelude + code, name, "exec")  # and it is Python
 
 
-def example_code(path: str) -> str:
-    return (AGENTS / path).read_text().split(MARK, 1)[1]
-
-
-@pytest.mark.parametrize("path", sorted(EXAMPLES))
-def test_the_files_are_the_documents_code(path: str) -> None:
-    document, opening, restored = EXAMPLES[path]
-    text = (DOCS / document).read_text()
-    assert opening in text, f"{path}: the example is no longer in {document}"
-    code = example_code(path)
-    start = text.index(opening)
-    if restored:
-        tokens = re.sub(r"\s+", "", code)
-        assert re.sub(r"\s+", "", text[start:])[: len(tokens)] == tokens
-    else:
-        assert text[start : start + len(code)] == code
-
-
-def run_example(start_fleet: StartFleet, path: str, **fields: Any) -> dict[str, Any]:
-    fleet = start_fleet(str(AGENTS / path), workers=1, handle=V2FleetUnderTest, env=V2_ENV)
+def run_example(
+    start_fleet: StartFleet, seed_examples: dict[str, Path], name: str, **fields: Any
+) -> dict[str, Any]:
+    fleet = start_fleet(str(seed_examples[name]), workers=1, handle=V2FleetUnderTest, env=V2_ENV)
     assert isinstance(fleet, V2FleetUnderTest)
     try:
         return fleet.run(**fields)
@@ -70,18 +45,18 @@ PROSE = [{"role": "user", "content": "Tell me about Paris."}]
 
 
 @pytest.mark.parametrize(
-    ("path", "sample_id"),
+    ("name", "sample_id"),
     [
-        ("reference_002/example_search.py", "search-agent"),
-        ("reference_004/example_strands.py", "simple-strands-agent"),
-        ("reference_004/example_openai_agents.py", "simple-openai-agent"),
-        ("reference_004/example_tools.py", "search-agent"),
+        ("002_example_search.py", "search-agent"),
+        ("004_example_strands.py", "simple-strands-agent"),
+        ("004_example_openai_agents.py", "simple-openai-agent"),
+        ("004_example_tools.py", "search-agent"),
     ],
 )
 def test_framework_examples_run_and_produce_their_sample(
-    start_fleet: StartFleet, path: str, sample_id: str
+    start_fleet: StartFleet, seed_examples: dict[str, Path], name: str, sample_id: str
 ) -> None:
-    final = run_example(start_fleet, path, initial_messages=PROSE, grade=False)
+    final = run_example(start_fleet, seed_examples, name, initial_messages=PROSE, grade=False)
     assert final["status"] == "success", final
     messages = final["sample"]["messages"]
     assert messages, "the agent registered no conversation"
@@ -89,21 +64,21 @@ def test_framework_examples_run_and_produce_their_sample(
 
 
 @pytest.mark.parametrize(
-    "path",
-    [
-        "reference_002/example_configurable.py",
-        "reference_004/example_base.py",
-        "reference_004/example_custom_config.py",
-    ],
+    "name",
+    ["002_example_configurable.py", "004_example_base.py", "004_example_custom_config.py"],
 )
-def test_skeleton_examples_run(start_fleet: StartFleet, path: str) -> None:
-    final = run_example(start_fleet, path, initial_messages=PROSE, grade=False)
+def test_skeleton_examples_run(
+    start_fleet: StartFleet, seed_examples: dict[str, Path], name: str
+) -> None:
+    final = run_example(start_fleet, seed_examples, name, initial_messages=PROSE, grade=False)
     assert (final["status"], final["sample"]) == ("success", None)  # they build no agent
 
 
-def test_the_003_grader_reward_comes_back(start_fleet: StartFleet) -> None:
-    path = "reference_003/example_multiply.py"
-    fleet = start_fleet(str(AGENTS / path), workers=1, handle=V2FleetUnderTest, env=V2_ENV)
+def test_the_003_grader_reward_comes_back(
+    start_fleet: StartFleet, seed_examples: dict[str, Path]
+) -> None:
+    path = seed_examples["003_example_multiply.py"]
+    fleet = start_fleet(str(path), workers=1, handle=V2FleetUnderTest, env=V2_ENV)
     assert isinstance(fleet, V2FleetUnderTest)
     try:
         right = fleet.run(label="42")  # "What is 6 * 7?"

@@ -77,7 +77,7 @@ def test_127_a_killed_worker_never_leaves_two_executions_running(
             tokens[rollout_id] = fleet.admit(body).json()["polling_lease_token"]
         records = {i: fleet.wait_status(i, {"running"}) for i in ids}
         victim = fleet.fleet.processes["worker-1"]
-        doomed = [i for i, r in records.items() if f":{victim.pid}:" in r["owner"]]
+        doomed = [i for i, r in records.items() if f":{victim.pid}:" in r["execution"]]
         assert doomed
         time.sleep(0.5)
         victim.kill()

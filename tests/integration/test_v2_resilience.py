@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from celery import Celery
 
-from rollout_worker.envelope import task_id_for
+from rollout_core.queue.envelope import task_id_for
 from tests.conftest import module_fleet, v2_fleet
 from tests.harness import LEASE_HEADER, TERMINAL, FleetUnderTest, V2FleetUnderTest, script
 

@@ -38,7 +38,9 @@ def test_kill_9_of_a_worker_loses_nothing_and_duplicates_nothing(crashy: FleetUn
             assert crashy.init(body).status_code == 202
         records = [crashy.wait_status(i, {"running"}) for i in ids]
         victim = crashy.fleet.processes["worker-1"]
-        doomed = [i for i, r in zip(ids, records, strict=True) if f":{victim.pid}:" in r["owner"]]
+        doomed = [
+            i for i, r in zip(ids, records, strict=True) if f":{victim.pid}:" in r["execution"]
+        ]
         assert doomed, "the victim held no rollouts"
 
         victim.kill()

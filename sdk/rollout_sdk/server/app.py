@@ -1,7 +1,8 @@
 """The in-process v1 rollout server: one process, rollouts as asyncio tasks (SDK.md §1.12).
 
 Good for local development, and the baseline the fleet is benchmarked against. State lives
-in memory, so it is one replica only; the fleet gateway keeps the same routes on Redis.
+in memory, so it is one replica only; the fleet gateway serves the same routes (``v1_http``)
+over Redis.
 """
 
 from __future__ import annotations
@@ -12,23 +13,19 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import FastAPI, Header
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from rollout_sdk.client import HttpClientShards, OsmosisLLMClient
 from rollout_sdk.config import RolloutSettings, get_settings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import OsmosisRolloutError
-from rollout_sdk.core.schemas import HealthResponse, InitResponse, RolloutRequest
+from rollout_sdk.core.schemas import HealthResponse, RolloutRequest
 from rollout_sdk.runner import ToolsError, prepare_rollout, run_agent_loop
-from rollout_sdk.server.http import (
-    install_error_handlers,
-    require_platform_key,
-    require_v1_key,
-    settle_heap,
-)
+from rollout_sdk.server.auth import V1ServerKey
+from rollout_sdk.server.http import install_error_handlers, settle_heap
+from rollout_sdk.server.v1_http import V1Service, v1_router
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +34,13 @@ Hook = Callable[[], Awaitable[None]]
 
 @dataclass
 class _Rollout:
-    admitted: asyncio.Future[InitResponse]
+    admitted: asyncio.Future[str]  # the 202 body
     task: asyncio.Task[None] | None = None
     finished_at: float | None = None
 
 
 @dataclass
-class _InProcessServer:
+class _InProcessServer(V1Service):
     agent_loop: RolloutAgentLoop
     settings: RolloutSettings
     max_concurrent: int
@@ -56,8 +53,8 @@ class _InProcessServer:
     def __post_init__(self) -> None:
         self.semaphore = asyncio.Semaphore(self.max_concurrent)
 
-    async def admit(self, request: RolloutRequest) -> InitResponse:
-        """Return the init response; a known key replays the leader's answer, never re-runs."""
+    async def admit(self, request: RolloutRequest) -> str:
+        """Return the 202 body; a known key replays the leader's answer, never re-runs."""
         key = request.idempotency_token
         known = self.rollouts.get(key)
         if known is not None:
@@ -71,11 +68,12 @@ class _InProcessServer:
             rollout.admitted.set_exception(exc)
             rollout.admitted.exception()  # waiters re-raise it; mark it retrieved
             raise
-        rollout.admitted.set_result(prepared.response)
+        body = prepared.response.model_dump_json()
+        rollout.admitted.set_result(body)
         rollout.task = asyncio.create_task(
             self._execute(request, prepared.tools, rollout, accepted_at=time.monotonic())
         )
-        return prepared.response
+        return body
 
     async def _execute(
         self, request: RolloutRequest, tools: list[Any], rollout: _Rollout, accepted_at: float
@@ -98,7 +96,7 @@ class _InProcessServer:
                 logger.exception("rollout %s: completion callback failed", request.rollout_id)
         rollout.finished_at = time.monotonic()
 
-    def health(self) -> HealthResponse:
+    async def health(self) -> HealthResponse:
         finished = sum(1 for r in self.rollouts.values() if r.finished_at is not None)
         running = sum(
             1 for r in self.rollouts.values() if r.task is not None and r.finished_at is None
@@ -174,28 +172,7 @@ def create_app(
 
     app = FastAPI(title=f"Osmosis RolloutServer ({agent_loop.name})", lifespan=lifespan)
     install_error_handlers(app)
-
-    @app.post("/v1/rollout/init", status_code=202, response_model=InitResponse)
-    async def init_rollout(
-        request: RolloutRequest, authorization: Annotated[str | None, Header()] = None
-    ) -> Any:
-        require_v1_key(authorization, api_key)  # after body validation, as the reference does
-        try:
-            return await server.admit(request)
-        except ToolsError as exc:
-            return JSONResponse(status_code=500, content={"detail": str(exc)})
-
-    @app.get("/health", response_model=HealthResponse)
-    async def health() -> HealthResponse:
-        return server.health()
-
-    @app.get("/platform/health", response_model=HealthResponse)
-    async def platform_health(
-        authorization: Annotated[str | None, Header()] = None,
-    ) -> HealthResponse:
-        require_platform_key(authorization, api_key)
-        return server.health()
-
+    app.include_router(v1_router(lambda _: server, V1ServerKey(api_key)))
     return app
 
 

@@ -6,15 +6,11 @@ import gc
 import math
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-
-from rollout_sdk.server.api_key import is_authorized
-
-INVALID_KEY_DETAIL = "Invalid or missing API key"
 
 
 def settle_heap() -> None:
@@ -44,19 +40,6 @@ class ValidationErrors(BaseModel):
     detail: list[ValidationIssue]
 
 
-def require_v1_key(authorization: str | None, expected: str | None) -> None:
-    """401 unless the request carries the configured key (call after body validation)."""
-    if not is_authorized(authorization, expected):
-        raise HTTPException(status_code=401, detail=INVALID_KEY_DETAIL)
-
-
-def require_platform_key(authorization: str | None, expected: str | None) -> None:
-    """``/platform/health``: 404 without a configured key, 401 on a bad one."""
-    if expected is None:
-        raise HTTPException(status_code=404, detail="Not found")
-    require_v1_key(authorization, expected)
-
-
 def _json_safe(value: Any) -> Any:
     """Non-finite floats (a NaN the client sent) become text; JSON cannot carry them."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -81,11 +64,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
-    "INVALID_KEY_DETAIL",
     "ErrorDetail",
     "ValidationErrors",
     "install_error_handlers",
-    "require_platform_key",
-    "require_v1_key",
     "settle_heap",
 ]

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.errors import categorize_exception
 from rollout_sdk.context import RolloutContext, RolloutProgress
+from rollout_sdk.server.auth import require_bearer
 from rollout_sdk.server.http import install_error_handlers, settle_heap
 from rollout_sdk.server.v2_http import (
     DuplicateRollout,
@@ -34,13 +35,13 @@ from rollout_sdk.server.v2_http import (
     lease_digest,
     lease_matches,
     new_lease_token,
-    require_bearer,
     v2_router,
 )
 from rollout_sdk.types.protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    CancelDisposition,
     CancelRolloutsRequest,
     DrainResponse,
     HealthConcurrency,
@@ -49,34 +50,18 @@ from rollout_sdk.types.protocol import (
     RolloutLifecycle,
     RolloutResultResponse,
     RolloutServerHealth,
+    cancelled_result,
+    failure_result,
+    lease_expired_result,
     wire_result,
 )
-from rollout_sdk.types.sample import (
-    ExecutionResult,
-    RolloutErrorCategory,
-    RolloutStatus,
-)
+from rollout_sdk.types.sample import RolloutStatus
 
 logger = logging.getLogger(__name__)
 
 INSTANCE_ID_ENV = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
 SHUTDOWN_DRAIN_SEC = 10.0
 SHUTDOWN_CLEANUP_SEC = 120.0
-
-
-def lease_expired_result(rollout_id: str) -> RolloutResultResponse:
-    return RolloutResultResponse(
-        rollout_id=rollout_id,
-        status=RolloutStatus.FAILURE,
-        err_message="polling lease expired",
-        err_category=RolloutErrorCategory.LEASE_EXPIRED,
-    )
-
-
-def cancelled_result(rollout_id: str) -> RolloutResultResponse:
-    return RolloutResultResponse(
-        rollout_id=rollout_id, status=RolloutStatus.CANCELLED, err_message="cancelled"
-    )
 
 
 @dataclass
@@ -87,7 +72,7 @@ class _Entry:
     progress: RolloutProgress = field(default_factory=RolloutProgress)
     result: RolloutResultResponse | None = None
     task: asyncio.Task[None] | None = None
-    disposition: str | None = None
+    disposition: CancelDisposition | None = None
 
 
 class InProcessRollouts(RolloutService):
@@ -156,14 +141,8 @@ class InProcessRollouts(RolloutService):
             raise
         except Exception as exc:
             logger.exception("rollout %s crashed", request.rollout_id)
-            response = wire_result(
-                request.rollout_id,
-                ExecutionResult(
-                    status=RolloutStatus.FAILURE,
-                    err_message=str(exc) or "Internal server error",
-                    err_category=categorize_exception(exc),
-                ),
-            )
+            message = str(exc) or "Internal server error"
+            response = failure_result(request.rollout_id, message, categorize_exception(exc))
         await self._finish(entry, response)
 
     async def _finish(self, entry: _Entry, response: RolloutResultResponse) -> None:
@@ -184,10 +163,14 @@ class InProcessRollouts(RolloutService):
         if self.entries.get(entry.rollout_id) is entry:
             del self.entries[entry.rollout_id]
 
-    def _stop(self, entry: _Entry) -> str:
+    def _stop(self, entry: _Entry) -> CancelDisposition:
         if entry.disposition is None:
             queued = entry.progress.status is RolloutStatus.QUEUED
-            entry.disposition = "cancelled_queued" if queued else "cancelled_running"
+            entry.disposition = (
+                CancelDisposition.CANCELLED_QUEUED
+                if queued
+                else CancelDisposition.CANCELLED_RUNNING
+            )
         task = entry.task
         if task is not None and task is not asyncio.current_task() and not task.done():
             task.cancel()
@@ -229,7 +212,7 @@ class InProcessRollouts(RolloutService):
 
     # --- cancel, health, drain ----------------------------------------------------------
 
-    async def cancel(self, request: CancelRolloutsRequest) -> dict[str, str]:
+    async def cancel(self, request: CancelRolloutsRequest) -> dict[str, CancelDisposition]:
         if request.all:
             selected = list(self.entries)
         elif request.prefix is not None:
@@ -240,7 +223,9 @@ class InProcessRollouts(RolloutService):
         for rollout_id in selected:
             entry = self.entries.get(rollout_id)
             running = entry is not None and entry.result is None
-            dispositions[rollout_id] = self._stop(entry) if entry and running else "not_found"
+            dispositions[rollout_id] = (
+                self._stop(entry) if entry and running else CancelDisposition.NOT_FOUND
+            )
         return dispositions
 
     def _active(self) -> list[str]:
@@ -352,4 +337,4 @@ def create_rollout_server(
     return app
 
 
-__all__ = ["InProcessRollouts", "cancelled_result", "create_rollout_server", "lease_expired_result"]
+__all__ = ["InProcessRollouts", "create_rollout_server"]

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Protocol
 
-from fastapi import APIRouter, FastAPI, Header, HTTPException, Request, Response
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi import APIRouter, Header, HTTPException, Request, Response
 
 from rollout_sdk.server.http import ErrorDetail, ValidationErrors
 from rollout_sdk.types.protocol import (
     POLLING_LEASE_HEADER,
+    CancelDisposition,
     CancelRolloutsRequest,
     CancelRolloutsResponse,
     DrainRequest,
@@ -92,7 +91,7 @@ class RolloutService(Protocol):
         """Authenticate, renew the lease, wait for a status change (or the wait timeout)."""
         ...
 
-    async def cancel(self, request: CancelRolloutsRequest) -> dict[str, str]: ...
+    async def cancel(self, request: CancelRolloutsRequest) -> dict[str, CancelDisposition]: ...
 
     async def health(self) -> RolloutServerHealth: ...
 
@@ -104,33 +103,6 @@ class RolloutService(Protocol):
 
 
 ServiceGetter = Callable[[Request], RolloutService]
-
-
-class _BearerAuth:
-    """401 unless the request carries exactly ``Bearer <key>``; a plain ASGI middleware, so
-    it adds no task per request (Starlette's ``BaseHTTPMiddleware`` runs the app in one)."""
-
-    def __init__(self, app: ASGIApp, expected: bytes) -> None:
-        self.app = app
-        self.expected = expected
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                await JSONResponse({"detail": "unauthorized"}, status_code=401)(
-                    scope, receive, send
-                )
-                return
-        await self.app(scope, receive, send)
-
-
-def require_bearer(app: FastAPI, api_key: str) -> None:
-    """Every route, unknown paths and docs included, needs exactly ``Bearer <key>``; checked
-    before anything else, body validation included (P§2.2)."""
-    if not api_key.strip():
-        raise ValueError("api_key must be non-empty when provided")
-    app.add_middleware(_BearerAuth, expected=f"Bearer {api_key}".encode())
 
 
 def _json(body: str, status_code: int = 200) -> Response:
@@ -218,6 +190,5 @@ __all__ = [
     "lease_digest",
     "lease_matches",
     "new_lease_token",
-    "require_bearer",
     "v2_router",
 ]

@@ -146,6 +146,12 @@ class MockTrainGate:
             return call, None, fault
         return call, fault, None
 
+    async def answer(self, call: RecordedCall) -> None:
+        """A chat call is about to be answered: after the configured latency, with a 200."""
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        call.status = 200
+
     async def misbehave(self, target: Target, rollout_id: str | None) -> Fault | Response | None:
         """Apply the next matching fault: stall, then answer with its status if it has one."""
         fault = self.take_fault(target, rollout_id)
@@ -300,9 +306,7 @@ def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
         except ValidationError as exc:
             call.status = 422
             raise HTTPException(status_code=422, detail=exc.errors(include_url=False)) from exc
-        if gate.latency_s:
-            await asyncio.sleep(gate.latency_s)
-        call.status = 200
+        await gate.answer(call)
         answer = _completion_body(body, gate.responder)
         for name in fault.omit if fault is not None else []:
             answer.pop(name, None)
@@ -318,9 +322,7 @@ def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
         if not isinstance(raw, dict) or not isinstance(raw.get("messages"), list):
             call.status = 400
             raise HTTPException(status_code=400, detail="invalid body")
-        if gate.latency_s:
-            await asyncio.sleep(gate.latency_s)
-        call.status = 200
+        await gate.answer(call)
         turn = gate.responder(raw["messages"])
         usage = _usage(raw["messages"], turn)
         if raw.get("stream"):

@@ -12,6 +12,7 @@ from rollout_sdk.types.protocol import (
     DEFAULT_RESULT_RETENTION_SEC,
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
     POLLING_LEASE_HEADER,
+    CancelDisposition,
     CancelRolloutsRequest,
     CancelRolloutsResponse,
     DrainRequest,
@@ -22,6 +23,9 @@ from rollout_sdk.types.protocol import (
     RolloutLifecycle,
     RolloutResultResponse,
     RolloutServerHealth,
+    cancelled_result,
+    failure_result,
+    lease_expired_result,
     wire_result,
 )
 from rollout_sdk.types.sample import (
@@ -42,6 +46,7 @@ __all__ = [
     "AgentWorkflowConfig",
     "AgentWorkflowOutput",
     "BaseConfig",
+    "CancelDisposition",
     "CancelRolloutsRequest",
     "CancelRolloutsResponse",
     "ConcurrencyConfig",
@@ -62,6 +67,9 @@ __all__ = [
     "RolloutSample",
     "RolloutServerHealth",
     "RolloutStatus",
+    "cancelled_result",
     "coerce_output",
+    "failure_result",
+    "lease_expired_result",
     "wire_result",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from enum import StrEnum
 from typing import Any, Self
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -151,6 +152,40 @@ def wire_result(rollout_id: str, result: ExecutionResult) -> RolloutResultRespon
     )
 
 
+def failure_result(
+    rollout_id: str,
+    message: str,
+    category: RolloutErrorCategory = RolloutErrorCategory.INTERNAL_ERROR,
+) -> RolloutResultResponse:
+    """The result of a rollout that failed outside the workflow and grader (no sample)."""
+    return RolloutResultResponse(
+        rollout_id=rollout_id,
+        status=RolloutStatus.FAILURE,
+        err_message=_utf8(message),
+        err_category=category,
+    )
+
+
+def lease_expired_result(rollout_id: str) -> RolloutResultResponse:
+    """The result of a rollout nobody polled in time (P§2.7)."""
+    return failure_result(rollout_id, "polling lease expired", RolloutErrorCategory.LEASE_EXPIRED)
+
+
+def cancelled_result(rollout_id: str) -> RolloutResultResponse:
+    """The result of a cancelled rollout (P§2.5)."""
+    return RolloutResultResponse(
+        rollout_id=rollout_id, status=RolloutStatus.CANCELLED, err_message="cancelled"
+    )
+
+
+class CancelDisposition(StrEnum):
+    """What ``POST /rollout/cancel`` reports for each selected id (P§2.5)."""
+
+    CANCELLED_QUEUED = "cancelled_queued"
+    CANCELLED_RUNNING = "cancelled_running"
+    NOT_FOUND = "not_found"  # unknown, or finished already
+
+
 class CancelRolloutsRequest(BaseModel):
     """Exactly one selector: ``ids`` (``[]`` counts), ``prefix``, or ``all``."""
 
@@ -164,7 +199,7 @@ class CancelRolloutsRequest(BaseModel):
 
 
 class CancelRolloutsResponse(BaseModel):
-    dispositions: dict[str, str]
+    dispositions: dict[str, CancelDisposition]
 
 
 class RolloutLifecycle(BaseModel):
@@ -206,6 +241,7 @@ __all__ = [
     "DEFAULT_RESULT_WAIT_TIMEOUT_SEC",
     "POLLING_LEASE_HEADER",
     "SAMPLES_EXTRA_FIELD",
+    "CancelDisposition",
     "CancelRolloutsRequest",
     "CancelRolloutsResponse",
     "DrainRequest",
@@ -216,5 +252,8 @@ __all__ = [
     "RolloutLifecycle",
     "RolloutResultResponse",
     "RolloutServerHealth",
+    "cancelled_result",
+    "failure_result",
+    "lease_expired_result",
     "wire_result",
 ]

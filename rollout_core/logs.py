@@ -1,0 +1,111 @@
+"""Log lines of the fleet's processes: text or JSON (``ROLLOUT_FLEET_LOG_FORMAT``), each naming
+the rollout it is about (``rollout_id``) when there is one.
+
+Code working on a rollout runs inside :func:`about`; a request log line (uvicorn's access log)
+names the rollout in its path. :func:`log_config` is one ``logging.config.dictConfig``
+for every process: the gateway hands it to uvicorn (so each of its worker processes applies
+it), a worker applies it when Celery asks (``setup_logging``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from contextvars import ContextVar, Token
+from typing import Any, Literal
+
+LogFormat = Literal["text", "json"]
+
+_rollout: ContextVar[str | None] = ContextVar("rollout_id", default=None)
+# Routes that carry a rollout id: /rollout/<id>/result, /v1/rollouts/<id>
+_ID_IN_PATH = re.compile(r"/rollouts?/(?P<id>[^/\s?\"]+)(?:/result)?(?:[?\s\"]|$)")
+_NOT_IDS = {"cancel", "init"}  # /rollout/cancel, /v1/rollout/init
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(rollout)s: %(message)s"
+JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s %(rollout_id)s"
+
+
+@contextlib.contextmanager
+def about(rollout_id: str) -> Iterator[None]:
+    """Every line logged in this block (this task or thread) names ``rollout_id``."""
+    token = begin(rollout_id)
+    try:
+        yield
+    finally:
+        end(token)
+
+
+def begin(rollout_id: str) -> Token[str | None]:
+    """Lines logged from here on (this task or thread) name ``rollout_id``, until :func:`end`."""
+    return _rollout.set(rollout_id)
+
+
+def end(token: Token[str | None]) -> None:
+    _rollout.reset(token)
+
+
+class RolloutIdFilter(logging.Filter):
+    """Adds ``rollout_id`` (and ``rollout``, its text form) to every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rollout_id = getattr(record, "rollout_id", None) or _rollout.get()
+        if rollout_id is None and record.name == "uvicorn.access":
+            match = _ID_IN_PATH.search(record.getMessage())
+            rollout_id = match["id"] if match and match["id"] not in _NOT_IDS else None
+        record.rollout_id = rollout_id
+        record.rollout = f" [{rollout_id}]" if rollout_id else ""
+        return True
+
+
+def log_config(level: str, log_format: LogFormat) -> dict[str, Any]:
+    """One configuration for the root logger and uvicorn's; httpx's line per request only
+    at debug (a line per LLM call is noise, and CPU, at fleet rates)."""
+    formatter: dict[str, Any] = (
+        {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": JSON_FIELDS,
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        }
+        if log_format == "json"
+        else {"format": TEXT_FORMAT}
+    )
+    level = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"rollout_id": {"()": RolloutIdFilter}},
+        "formatters": {"fleet": formatter},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "fleet",
+                "filters": ["rollout_id"],
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {
+            "uvicorn": {"handlers": [], "level": level, "propagate": True},
+            "uvicorn.error": {"handlers": [], "level": level, "propagate": True},
+            "uvicorn.access": {"handlers": [], "level": level, "propagate": True},
+            "httpx": {"level": "DEBUG" if level == "DEBUG" else "WARNING"},
+        },
+    }
+
+
+def configure(level: str, log_format: LogFormat) -> None:
+    import logging.config
+
+    logging.config.dictConfig(log_config(level, log_format))
+
+
+__all__ = [
+    "LogFormat",
+    "RolloutIdFilter",
+    "about",
+    "begin",
+    "configure",
+    "end",
+    "log_config",
+]

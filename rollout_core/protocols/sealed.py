@@ -1,0 +1,49 @@
+"""The one way a request travels in a record: as JSON without its API key, the key sealed
+beside it (``secrets.py``), and put back together when a worker reads it."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from rollout_core import tracing
+from rollout_core.secrets import SecretBox
+from rollout_core.store import Protocol, RecordField, RolloutRecord
+
+Request = TypeVar("Request", bound=BaseModel)
+
+
+def admission_fields(
+    protocol: Protocol, request: BaseModel, rollout_id: str, secret_field: str, box: SecretBox
+) -> dict[RecordField, str]:
+    """The record fields of a newly admitted rollout; its API key is sealed, never plain."""
+    fields = {
+        RecordField.PROTOCOL: protocol,
+        RecordField.ROLLOUT_ID: rollout_id,
+        RecordField.REQUEST: request.model_dump_json(exclude={secret_field}),
+        **tracing.context_fields(),
+    }
+    secret = getattr(request, secret_field)
+    if secret:
+        fields[RecordField.SECRET] = box.seal(secret)
+    return fields
+
+
+def request_of(
+    model: type[Request],
+    record: RolloutRecord,
+    secret_field: str,
+    box: SecretBox,
+    context: dict[str, Any] | None = None,
+) -> Request:
+    """The admitted request a record holds, its API key unsealed."""
+    if record.request is None:
+        raise ValueError("the record holds no request")
+    request = model.model_validate_json(record.request, context=context)
+    if record.secret is not None:
+        request = request.model_copy(update={secret_field: box.open(record.secret)})
+    return request
+
+
+__all__ = ["admission_fields", "request_of"]

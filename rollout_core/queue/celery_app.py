@@ -1,0 +1,61 @@
+"""The Celery app: the one configuration every process that touches the broker loads.
+
+Workers (``rollout-fleet worker``, which registers the ``rollout.run`` task of
+``rollout_worker.tasks`` on this app), Flower (``rollout-fleet flower``) and gateways (which
+build task messages with it) all load this module, so they agree on the broker, the queue and
+above all the visibility timeout (a process with a shorter one would redeliver everyone's
+in-flight messages; docs/design/celery-notes.md §2.3).
+
+Delivery is at-least-once; correctness comes from the store's per-rollout leases
+(``rollout_core/store``), not from Celery: duplicates are expected and harmless.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from rollout_core.queue.broker import TRANSPORT
+from rollout_core.settings import FleetSettings
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX
+
+settings = FleetSettings()
+
+app = Celery("rollout_fleet")
+app.conf.update(
+    broker_url=settings.redis_dsn,
+    broker_transport=TRANSPORT,  # kombu's Redis transport, hardened (broker.py)
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
+    broker_transport_options={
+        "visibility_timeout": settings.visibility_timeout_seconds,
+        "unacked_key": UNACKED,
+        "unacked_index_key": UNACKED_INDEX,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 1,
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "health_check_interval": 25,
+    },
+    visibility_timeout=settings.visibility_timeout_seconds,
+    # Our Redis records are the results; Celery's backend would only duplicate them.
+    task_ignore_result=True,
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    result_accept_content=["json"],
+    task_default_queue=settings.queue,
+    task_acks_late=True,
+    task_acks_on_failure=True,
+    task_reject_on_worker_lost=True,
+    task_send_sent_event=False,
+    worker_pool="threads",
+    worker_concurrency=settings.concurrency,
+    worker_prefetch_multiplier=1,
+    worker_send_task_events=settings.task_events,  # what Flower shows
+    worker_disable_rate_limits=True,
+    worker_cancel_long_running_tasks_on_connection_loss=False,
+    worker_hijack_root_logger=False,
+)
+
+__all__ = ["app", "settings"]

@@ -1,0 +1,105 @@
+"""Celery task messages, built as the exact string kombu's Redis transport keeps in a queue.
+
+The store's admission and sweeper scripts push these strings themselves, so "record written"
+and "job enqueued" happen in one atomic step: no crash can leave a record without its job
+or a job without its record. The headers and body come from Celery's own
+``app.amqp.as_task_v2``; the wrapping mirrors ``kombu.transport.virtual.Channel``
+(``prepare_message`` + ``_inplace_augment_message``). ``tests/test_envelope.py`` pins it
+against a message published by ``send_task``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+from kombu.serialization import dumps
+
+from rollout_core.store.schema import RecordField
+
+TASK_NAME = "rollout.run"
+_TASK_ID_NAMESPACE = uuid.UUID("6a1f3a4e-8d5c-4f53-9a0b-3c2f1e7d9b10")
+
+
+def task_id_for(record_key: str) -> str:
+    """A stable Celery task id per rollout: duplicates share it, and Flower's URLs stay safe."""
+    return str(uuid.uuid5(_TASK_ID_NAMESPACE, record_key))
+
+
+def task_message(
+    app: Celery,
+    record_key: str,
+    label: str,
+    queue: str,
+    trace: Mapping[RecordField, str] | None = None,
+) -> str:
+    """The queued form of ``rollout.run(record_key)``; ``label`` is what Flower shows as args.
+
+    The message carries only the record key (the request and its secrets stay in Redis) and,
+    as headers, the admission's ``trace`` context.
+    """
+    task_id = task_id_for(record_key)
+    message = app.amqp.as_task_v2(
+        task_id,
+        TASK_NAME,
+        args=(record_key,),
+        argsrepr=repr(label),
+        kwargsrepr="{}",
+        ignore_result=True,
+    )
+    for name, value in (trace or {}).items():
+        message.headers[name] = value
+    content_type, content_encoding, body = dumps(message.body, serializer="json")
+    raw = body.encode(content_encoding) if isinstance(body, str) else body
+    return json.dumps(
+        {
+            "body": base64.b64encode(raw).decode("ascii"),
+            "content-encoding": content_encoding,
+            "content-type": content_type,
+            "headers": message.headers,
+            "properties": {
+                **message.properties,
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    )
+
+
+def record_of_message(raw: str) -> str | None:
+    """The record key a queued message is for (``None`` if it is not a rollout's)."""
+    try:
+        return _record_of(json.loads(raw))
+    except (ValueError, LookupError, TypeError):
+        return None
+
+
+def record_of_delivery(entry: str) -> str | None:
+    """The record key of an entry of kombu's ``unacked`` hash (``None`` if not a rollout's)."""
+    try:
+        return _record_of(json.loads(entry)[0])
+    except (ValueError, LookupError, TypeError):
+        return None
+
+
+def _record_of(message: dict[str, Any]) -> str | None:
+    if message["headers"]["task"] != TASK_NAME:
+        return None
+    args = json.loads(base64.b64decode(message["body"]))[0]
+    return str(args[0])
+
+
+__all__ = [
+    "TASK_NAME",
+    "record_of_delivery",
+    "record_of_message",
+    "task_id_for",
+    "task_message",
+]

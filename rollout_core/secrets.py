@@ -1,0 +1,56 @@
+"""Keeping trainer API keys out of stored records, logs and error messages.
+
+A rollout's ``api_key`` must reach the worker that runs it, but the record it travels in is
+plain Redis data. It is sealed with Fernet (AES + HMAC) under the fleet key
+``ROLLOUT_FLEET_SECRET_KEY`` and dropped from the record when the rollout finishes. Without a
+configured key the fleet generates one and keeps it in Redis beside the data, which keeps
+secrets out of dumps and greps but is obfuscation, not protection: set the variable in
+production.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cryptography.fernet import Fernet
+
+from rollout_core.settings import FleetSettings
+from rollout_core.store import RecordStore
+
+logger = logging.getLogger(__name__)
+
+REDACTED = "***"
+
+
+class SecretBox:
+    def __init__(self, key: str | bytes) -> None:
+        self._fernet = Fernet(key)
+
+    def seal(self, secret: str) -> str:
+        return self._fernet.encrypt(secret.encode()).decode("ascii")
+
+    def open(self, sealed: str) -> str:
+        return self._fernet.decrypt(sealed.encode("ascii")).decode()
+
+
+async def load_secret_box(store: RecordStore, settings: FleetSettings) -> SecretBox:
+    """The configured key, else the fleet's generated one (created by whoever asks first)."""
+    if settings.secret_key is not None:
+        return SecretBox(settings.secret_key.get_secret_value())
+    stored = await store.fleet_secret_key(Fernet.generate_key().decode("ascii"))
+    logger.warning(
+        "ROLLOUT_FLEET_SECRET_KEY is not set: trainer API keys are sealed with a key kept in "
+        "Redis (obfuscation only). Set it to a Fernet key for real protection."
+    )
+    return SecretBox(stored)
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """``text`` with every occurrence of the given secrets replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+__all__ = ["REDACTED", "SecretBox", "load_secret_box", "redact"]

@@ -1,0 +1,28 @@
+-- Admit a v2 rollout, checks in the protocol's order: draining, capacity, duplicate.
+-- KEYS: record, queue
+-- ARGV: max_queued, poll_lease_ms, ttl_ms, record_id, message, lease_digest, field, value, ...
+-- -> ADMIT.draining | ADMIT.full | ADMIT.duplicate | ADMIT.queued
+-- The same admission sent again (a client retrying after its connection to Redis broke, the
+-- first reply lost) carries the same lease digest: it is answered ADMIT.queued again, once.
+if redis.call('HGET', KEYS[1], FIELD.lease_digest) == ARGV[6] then
+  return ADMIT.queued
+end
+if redis.call('EXISTS', DRAINING) == 1 then
+  return ADMIT.draining
+end
+if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[1]) then
+  return ADMIT.full
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return ADMIT.duplicate
+end
+local now = now_ms()
+local deadline = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued, FIELD.accepted_at, now, FIELD.attempt, 0,
+           FIELD.poll_deadline, deadline, FIELD.lease_digest, ARGV[6], unpack(ARGV, 7))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', ACTIVE, now, KEYS[1])
+redis.call('ZADD', POLLS, deadline, KEYS[1])
+redis.call('ZADD', V2IDS, 0, ARGV[4])
+redis.call('LPUSH', KEYS[2], ARGV[5])
+return ADMIT.queued

@@ -1,0 +1,23 @@
+-- Cancel one rollout. Queued, with a cancelled result given (v2): finished as cancelled at
+-- once. Queued without one (v1: its trainer hears through the callback), or running:
+-- cancellation is requested and the executing worker (or, for a queued rollout, the worker
+-- that claims it) stops it and records the outcome. Idempotent.
+-- KEYS: record   ARGV: ttl_ms, cancelled_result ('' for none)
+-- -> CANCEL.cancelled_queued | CANCEL.cancelled_running | CANCEL.finished | CANCEL.unknown
+local status = redis.call('HGET', KEYS[1], FIELD.status)
+if not status or status == STATUS.admitting then
+  return CANCEL.unknown
+end
+if TERMINAL[status] then
+  return CANCEL.finished
+end
+if status == STATUS.queued and ARGV[2] ~= '' then
+  terminate(KEYS[1], STATUS.cancelled, ARGV[2], ARGV[1])
+  return CANCEL.cancelled_queued
+end
+redis.call('HSET', KEYS[1], FIELD.cancel_requested, 1)
+redis.call('PUBLISH', STOPS, KEYS[1])
+if status == STATUS.queued then
+  return CANCEL.cancelled_queued
+end
+return CANCEL.cancelled_running

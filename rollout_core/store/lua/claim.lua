@@ -1,0 +1,48 @@
+-- A worker takes a rollout: only if it is queued, or its previous holder's lease lapsed.
+-- KEYS: record   ARGV: execution (this execution's lease), worker (its process), lease_ms,
+--                      max_attempts
+-- -> {VERDICT.missing} | {VERDICT.done} | {VERDICT.busy}
+--    | {verdict, attempt, ms_since_accepted, field, value, ...}
+--    verdict: VERDICT.running (run it), VERDICT.delivering (a stored result awaits delivery),
+--             VERDICT.cancelled (cancel was requested), VERDICT.exhausted (too many attempts:
+--             fail it), VERDICT.abandoned (a worker gave it up, its reason in the record)
+local now = now_ms()
+local fields = redis.call('HMGET', KEYS[1], FIELD.status, FIELD.accepted_at,
+                          FIELD.cancel_requested, FIELD.abandon_reason)
+local status = fields[1]
+if not status or status == STATUS.admitting then
+  return {VERDICT.missing}
+end
+if TERMINAL[status] then
+  return {VERDICT.done}
+end
+if status ~= STATUS.queued then
+  local expiry = redis.call('ZSCORE', LEASES, KEYS[1])
+  if expiry and tonumber(expiry) > now then
+    return {VERDICT.busy}
+  end
+end
+local attempt = redis.call('HINCRBY', KEYS[1], FIELD.attempt, 1)
+local phase = STATUS.running
+if status == STATUS.delivering then
+  phase = STATUS.delivering
+end
+redis.call('HSET', KEYS[1], FIELD.status, phase, FIELD.execution, ARGV[1], FIELD.worker, ARGV[2],
+           FIELD.claimed_at, now)
+redis.call('HSETNX', KEYS[1], FIELD.started_at, now)
+redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
+if status ~= phase then
+  redis.call('PUBLISH', CHANGES, KEYS[1])
+end
+local verdict = VERDICT.running
+if phase == STATUS.delivering then
+  verdict = VERDICT.delivering
+end
+if fields[3] and phase == STATUS.running then
+  verdict = VERDICT.cancelled
+elseif fields[4] and phase == STATUS.running then
+  verdict = VERDICT.abandoned
+elseif attempt > tonumber(ARGV[4]) then
+  verdict = VERDICT.exhausted
+end
+return {verdict, attempt, now - tonumber(fields[2] or now), unpack(redis.call('HGETALL', KEYS[1]))}

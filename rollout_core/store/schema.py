@@ -1,0 +1,304 @@
+"""The vocabulary of the fleet's Redis state, defined once for Python and Lua.
+
+Every Redis key the fleet touches, every field of a rollout's record, every status and every
+word a script answers with lives here. The Lua scripts never spell them: when the store loads
+the scripts it puts :func:`lua_prelude` in front of each, which declares these same names as
+Lua locals (``FIELD.status``, ``STATUS.queued``, ``LEASES``, ...). ``tests/test_store_schema.py``
+fails if a script spells one of them itself.
+
+A rollout's record is one hash, ``<prefix>:<protocol>:<record id>`` (the record id is the v2
+rollout id, or the v1 idempotency key). Sorted sets index the records:
+
+* ``leases``       record → worker lease expiry (ms); a lapsed entry means its worker died;
+* ``active``       record → admission time, while unfinished;
+* ``finished``     record → retention expiry, once finished;
+* ``poll-leases``  v2 record → the trainer's polling deadline;
+* ``v2-ids``       v2 record ids, for cancel by prefix;
+* ``workers``      worker → heartbeat expiry (s); each worker's beat is ``worker:<name>``;
+* ``turn:<chore>``  held by the one worker doing a fleet-wide chore this period;
+* ``lost-suspects`` rollouts the last check found waiting without a message.
+
+Besides these, the fleet uses the Celery queue (a list named by ``ROLLOUT_FLEET_QUEUE``) and
+kombu's ``unacked`` / ``unacked_index``, whose names kombu sets (``UNACKED*`` below).
+
+Status changes are published on ``<prefix>:changes`` (long-polls wake on them), requests to
+stop an execution on ``<prefix>:stops``. Every record (and worker beat) has a TTL; index
+entries go when their records do. Statuses only move forward::
+
+    admitting → queued → running (→ grading) (→ delivering) → success | failure | cancelled
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, NewType, get_args
+
+Protocol = Literal["v1", "v2"]
+PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
+
+RecordKey = NewType("RecordKey", str)
+"""The Redis key of one rollout's record (``<prefix>:<protocol>:<record id>``)."""
+
+# kombu's Redis transport keeps the messages workers took and have not acked yet here
+# (the same names for every fleet on the Redis database; the Celery app configures them).
+UNACKED = "unacked"  # delivery tag → [message, exchange, routing key]
+UNACKED_INDEX = "unacked_index"  # delivery tag → when it was taken (epoch seconds)
+
+
+class Status(StrEnum):
+    """Where a rollout is; only ever moves forward."""
+
+    ADMITTING = "admitting"  # v1: its key is claimed, get_tools() runs; not a rollout yet
+    QUEUED = "queued"
+    RUNNING = "running"
+    GRADING = "grading"
+    DELIVERING = "delivering"  # v1: the result is stored; the callback is being posted
+    SUCCESS = "success"
+    FAILURE = "failure"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({Status.SUCCESS, Status.FAILURE, Status.CANCELLED})
+HELD = frozenset({Status.RUNNING, Status.GRADING, Status.DELIVERING})  # under a worker lease
+WAITING = frozenset({Status.QUEUED, Status.DELIVERING})  # when not leased: needs a worker
+
+
+class RecordField(StrEnum):
+    """The fields of a rollout's record hash."""
+
+    STATUS = "status"
+    PROTOCOL = "protocol"
+    ROLLOUT_ID = "rollout_id"
+    REQUEST = "request"  # the admitted request as JSON, without its API key
+    SECRET = "secret"  # the request's API key, sealed (dropped when the rollout finishes)
+    RESPONSE = "response"  # v1: the 202 body, replayed to duplicates
+    RESULT = "result"  # v1: the completion body; v2: the wire result
+    ADMIT_TOKEN = "admit_token"  # v1: which admission holds the key while it is admitting
+    LEASE_DIGEST = "lease_digest"  # v2: digest of the trainer's polling lease token
+    POLL_DEADLINE = "poll_deadline"  # v2: when the polling lease runs out (ms)
+    ACCEPTED_AT = "accepted_at"  # times in ms since the epoch, by Redis's clock
+    STARTED_AT = "started_at"  # the first claim
+    CLAIMED_AT = "claimed_at"  # the latest claim
+    FINISHED_AT = "finished_at"
+    ATTEMPT = "attempt"  # executions started (hand-offs excepted)
+    HANDOFFS = "handoffs"  # times a stopping worker gave it back
+    TERMINATIONS = "terminations"  # times it was made terminal: anything but 1 is a bug
+    EXECUTION = "execution"  # the execution holding the worker lease
+    WORKER = "worker"  # the worker process that claimed it last
+    CANCEL_REQUESTED = "cancel_requested"
+    ABANDON_REASON = "abandon_reason"  # a worker gave it up: its next claim fails it so
+    RESENT_AT = "resent_at"  # its lost message was replaced (ms)
+    DELIVERY = "delivery"  # v1: how the completion callback went
+    TURNS = "turns"  # v1: each LLM turn's token ids, logprobs and usage (JSON)
+    TRAJECTORY = "trajectory"  # v2: trajectory_messages, when they differ from messages
+    TRACEPARENT = "traceparent"  # W3C trace context of the admission
+    TRACESTATE = "tracestate"
+
+
+TRACE_FIELDS = (RecordField.TRACEPARENT, RecordField.TRACESTATE)
+
+
+# --- what the scripts answer ------------------------------------------------------------------
+
+
+class AdmitStart(StrEnum):
+    """v1 admission, first step (``admit_begin``)."""
+
+    LEAD = "lead"  # this admission claimed the key: prepare and commit it
+    WAIT = "wait"  # another admission of the key is in progress
+    REPLAY = "replay"  # the key is known: answer with its stored 202 body
+
+
+class AdmitOutcome(StrEnum):
+    """v2 admission (``admit_v2``), checks in the protocol's order."""
+
+    QUEUED = "queued"
+    DRAINING = "draining"
+    FULL = "full"
+    DUPLICATE = "duplicate"
+
+
+class PollOutcome(StrEnum):
+    """A trainer's poll of a v2 rollout (``poll``)."""
+
+    UNKNOWN = "unknown"
+    FORBIDDEN = "forbidden"  # the lease token is not this rollout's
+    FINAL = "final"  # finished: here is the stored result
+    STATUS = "status"  # not finished: here is its status
+
+
+class CancelOutcome(StrEnum):
+    """What cancelling one rollout did (``cancel``)."""
+
+    CANCELLED_QUEUED = "cancelled_queued"
+    CANCELLED_RUNNING = "cancelled_running"
+    FINISHED = "finished"  # it had finished already: nothing to cancel
+    UNKNOWN = "unknown"
+
+
+class Verdict(StrEnum):
+    """What a worker's claim found (``claim``)."""
+
+    RUNNING = "running"  # run it
+    DELIVERING = "delivering"  # a result is stored; deliver it
+    CANCELLED = "cancelled"  # cancellation was requested: record that, do not run
+    EXHAUSTED = "exhausted"  # too many attempts: fail the rollout
+    ABANDONED = "abandoned"  # a worker gave it up (its abandon reason): fail the rollout
+    BUSY = "busy"  # another live execution holds it (a duplicate delivery)
+    DONE = "done"  # already finished
+    MISSING = "missing"  # no such record (expired)
+
+
+# The enums the scripts see, by the name of their Lua table.
+LUA_VOCABULARY: Mapping[str, type[StrEnum]] = {
+    "STATUS": Status,
+    "FIELD": RecordField,
+    "START": AdmitStart,
+    "ADMIT": AdmitOutcome,
+    "POLL": PollOutcome,
+    "CANCEL": CancelOutcome,
+    "VERDICT": Verdict,
+}
+LUA_SETS: Mapping[str, frozenset[Status]] = {"TERMINAL": TERMINAL, "HELD": HELD, "WAITING": WAITING}
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Every key a fleet with this prefix owns."""
+
+    prefix: str
+
+    def record(self, protocol: Protocol, record_id: str) -> RecordKey:
+        return RecordKey(f"{self.records_of(protocol)}{record_id}")
+
+    def records_of(self, protocol: Protocol) -> str:
+        """What the keys of one protocol's records start with."""
+        return f"{self.prefix}:{protocol}:"
+
+    def record_id(self, key: str) -> str:
+        """The id part of a record key (``<prefix>:<protocol>:<id>`` → ``<id>``)."""
+        return key.removeprefix(f"{self.prefix}:").split(":", 1)[-1]
+
+    def protocol(self, key: str) -> Protocol:
+        protocol = key.removeprefix(f"{self.prefix}:").split(":", 1)[0]
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"{key!r} is not a rollout record of this fleet")
+        return protocol
+
+    def worker(self, name: str) -> str:
+        return f"{self.prefix}:worker:{name}"
+
+    def turn(self, chore: str) -> str:
+        return f"{self.prefix}:turn:{chore}"
+
+    def _named(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
+
+    @property
+    def leases(self) -> str:
+        return self._named("leases")
+
+    @property
+    def active(self) -> str:
+        return self._named("active")
+
+    @property
+    def finished(self) -> str:
+        return self._named("finished")
+
+    @property
+    def poll_leases(self) -> str:
+        return self._named("poll-leases")
+
+    @property
+    def v2_ids(self) -> str:
+        return self._named("v2-ids")
+
+    @property
+    def draining(self) -> str:
+        return self._named("draining")
+
+    @property
+    def changes(self) -> str:
+        return self._named("changes")
+
+    @property
+    def stops(self) -> str:
+        return self._named("stops")
+
+    @property
+    def fleet_key(self) -> str:
+        return self._named("fleet-key")
+
+    @property
+    def deployment(self) -> str:
+        return self._named("deployment")
+
+    @property
+    def workers(self) -> str:
+        return self._named("workers")
+
+    @property
+    def lost_suspects(self) -> str:
+        return self._named("lost-suspects")
+
+    def lua_names(self) -> dict[str, str]:
+        """The keys the scripts name (besides the ones passed as KEYS), by Lua local."""
+        return {
+            "LEASES": self.leases,
+            "ACTIVE": self.active,
+            "FINISHED": self.finished,
+            "POLLS": self.poll_leases,
+            "V2IDS": self.v2_ids,
+            "DRAINING": self.draining,
+            "CHANGES": self.changes,
+            "STOPS": self.stops,
+            "V2_RECORDS": self.records_of("v2"),
+        }
+
+
+def _lua_string(text: str) -> str:
+    return json.dumps(text)  # a JSON string literal is a valid Lua string literal here
+
+
+def _lua_table(entries: Iterable[tuple[str, str]]) -> str:
+    return "{" + ", ".join(f"[{_lua_string(k)}] = {v}" for k, v in entries) + "}"
+
+
+def lua_prelude(keys: Keys) -> str:
+    """The Lua locals every script starts with: key names, vocabulary and status sets."""
+    lines = ["-- Generated by rollout_core/store/schema.py: the names below are defined there."]
+    lines += [f"local {name} = {_lua_string(key)}" for name, key in keys.lua_names().items()]
+    for table, enum in LUA_VOCABULARY.items():
+        entries = ((member.value, _lua_string(member.value)) for member in enum)
+        lines.append(f"local {table} = {_lua_table(entries)}")
+    for name, statuses in LUA_SETS.items():
+        lines.append(f"local {name} = {_lua_table((s.value, 'true') for s in sorted(statuses))}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "HELD",
+    "LUA_SETS",
+    "LUA_VOCABULARY",
+    "PROTOCOLS",
+    "TERMINAL",
+    "TRACE_FIELDS",
+    "UNACKED",
+    "UNACKED_INDEX",
+    "WAITING",
+    "AdmitOutcome",
+    "AdmitStart",
+    "CancelOutcome",
+    "Keys",
+    "PollOutcome",
+    "Protocol",
+    "RecordField",
+    "RecordKey",
+    "Status",
+    "Verdict",
+    "lua_prelude",
+]

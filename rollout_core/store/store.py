@@ -1,0 +1,564 @@
+"""The record store: the only code in the fleet that issues Redis commands.
+
+Gateways, workers and the CLI call its typed methods; each state change of a rollout is one
+Lua script (``lua/``), so it is atomic and costs one round trip. The scripts share the names
+of ``schema.py`` (put in front of each as Lua locals) and the helpers of ``lua/_prelude.lua``;
+their replies are parsed here into the types of ``replies.py``. Durations are seconds in this
+API and milliseconds in Redis; :func:`_ms` is the one place that converts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from importlib import resources
+from typing import Any, cast
+
+from redis import Redis as SyncRedis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from rollout_core.queue.envelope import record_of_delivery, record_of_message
+from rollout_core.settings import FleetSettings
+from rollout_core.store.record import RolloutRecord
+from rollout_core.store.replies import (
+    Claim,
+    FleetCounts,
+    FleetFigures,
+    FleetWorkers,
+    PollReply,
+    V1Admission,
+    WorkerBeat,
+)
+from rollout_core.store.schema import (
+    PROTOCOLS,
+    UNACKED,
+    UNACKED_INDEX,
+    WAITING,
+    AdmitOutcome,
+    AdmitStart,
+    CancelOutcome,
+    Keys,
+    PollOutcome,
+    Protocol,
+    RecordField,
+    RecordKey,
+    Status,
+    Verdict,
+    lua_prelude,
+)
+
+# What callers catch: the store's failures are Redis's own exceptions.
+StoreError = RedisError
+StoreUnavailable = (RedisConnectionError, RedisTimeoutError)
+StoreReplyError = ResponseError
+StoreFull = OutOfMemoryError
+
+POOL_WAIT_SECONDS = 10.0
+# A broken connection is retried for about 10 s (0.1 s doubling to 2 s): a restarting Redis
+# or a cut connection costs a pause, not a failed rollout. Every script tolerates running
+# twice when its first reply was lost (a repeat finds the change made and says so).
+RECONNECT = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=8)
+SCAN_LIMIT = 20_000  # a listing reads at most this many unfinished and finished records
+# Fields a listing reads: everything but the request and the (possibly large) result.
+SUMMARY_FIELDS = (
+    RecordField.PROTOCOL,
+    RecordField.ROLLOUT_ID,
+    RecordField.STATUS,
+    RecordField.ATTEMPT,
+    RecordField.WORKER,
+    RecordField.ACCEPTED_AT,
+    RecordField.STARTED_AT,
+    RecordField.CLAIMED_AT,
+    RecordField.FINISHED_AT,
+    RecordField.CANCEL_REQUESTED,
+    RecordField.DELIVERY,
+)
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+def _flatten(fields: Mapping[RecordField, str]) -> list[str]:
+    return [item for pair in fields.items() for item in pair]
+
+
+def _load_scripts(redis: Redis, keys: Keys) -> dict[str, AsyncScript]:
+    folder = resources.files(__package__) / "lua"
+    prelude = lua_prelude(keys) + (folder / "_prelude.lua").read_text()
+    return {
+        path.name.removesuffix(".lua"): redis.register_script(prelude + path.read_text())
+        for path in folder.iterdir()
+        if path.name.endswith(".lua") and not path.name.startswith("_")
+    }
+
+
+def _client(url: str, max_connections: int) -> Redis:
+    """A client that reconnects and retries through connection failures, and whose pool
+    makes callers wait for a free connection instead of failing."""
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_SECONDS,
+        decode_responses=True,
+        retry=RECONNECT,
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    )
+    return Redis(connection_pool=pool)
+
+
+def answers(url: str) -> bool:
+    """Whether a Redis server answers at ``url`` (one try; blocking, for a waiting process)."""
+    with SyncRedis.from_url(url, socket_timeout=1) as redis:
+        try:
+            return bool(redis.ping())
+        except RedisError:
+            return False
+
+
+class RecordStore:
+    """Typed access to one fleet's records, queue and fleet-wide state in Redis."""
+
+    def __init__(self, redis: Redis, prefix: str, queue: str) -> None:
+        self._redis = redis
+        self.keys = Keys(prefix)
+        self.queue = queue
+        self._scripts = _load_scripts(redis, self.keys)
+
+    @classmethod
+    def connect(cls, settings: FleetSettings, max_connections: int | None = None) -> RecordStore:
+        """The store of the fleet ``settings`` describe, with its own connection pool."""
+        pool_size = max_connections or settings.redis_max_connections
+        return cls(_client(settings.redis_dsn, pool_size), settings.key_prefix, settings.queue)
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+    async def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._scripts[script](keys=list(keys), args=list(args))
+
+    async def ping(self) -> None:
+        await self._redis.ping()
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[RecordKey]]:
+        """Subscribed to ``channel`` (``keys.changes`` or ``keys.stops``) while inside: the
+        record keys published on it, as they come."""
+        async with self._redis.pubsub() as pubsub:
+            await pubsub.subscribe(channel)
+            yield self._published(pubsub)
+
+    @staticmethod
+    async def _published(pubsub: PubSub) -> AsyncIterator[RecordKey]:
+        async for message in pubsub.listen():
+            if message["type"] == "message":
+                yield RecordKey(message["data"])
+
+    # --- v1 admission (gateway) ---------------------------------------------------------
+
+    async def admit_begin(self, key: RecordKey, token: str, pending_seconds: float) -> V1Admission:
+        reply = await self._run("admit_begin", [key], [token, _ms(pending_seconds)])
+        return V1Admission(AdmitStart(reply[0]), reply[1] if len(reply) > 1 else None)
+
+    async def admit_commit(
+        self,
+        key: RecordKey,
+        token: str,
+        ttl_seconds: float,
+        message: str,
+        fields: Mapping[RecordField, str],
+    ) -> bool:
+        args = [token, _ms(ttl_seconds), message, *_flatten(fields)]
+        return bool(await self._run("admit_commit", [key, self.queue], args))
+
+    async def admit_abort(self, key: RecordKey, token: str) -> None:
+        await self._run("admit_abort", [key], [token])
+
+    # --- v2 admission, polling (gateway) ------------------------------------------------
+
+    async def admit_v2(
+        self,
+        key: RecordKey,
+        *,
+        max_queued: int,
+        poll_lease_seconds: float,
+        ttl_seconds: float,
+        message: str,
+        lease_digest: str,
+        fields: Mapping[RecordField, str],
+    ) -> AdmitOutcome:
+        args = [
+            max_queued,
+            _ms(poll_lease_seconds),
+            _ms(ttl_seconds),
+            self.keys.record_id(key),
+            message,
+            lease_digest,
+            *_flatten(fields),
+        ]
+        return AdmitOutcome(await self._run("admit_v2", [key, self.queue], args))
+
+    async def poll(
+        self,
+        key: RecordKey,
+        lease_digest: str,
+        *,
+        poll_lease_seconds: float,
+        retention_seconds: float,
+        lease_expired_result: str,
+    ) -> PollReply:
+        """Authenticate, then the final result, or renew the polling lease and the status.
+        An overdue lease finishes the rollout with ``lease_expired_result``."""
+        args = [lease_digest, _ms(poll_lease_seconds), _ms(retention_seconds)]
+        reply = await self._run("poll", [key], [*args, lease_expired_result])
+        outcome = PollOutcome(reply[0])
+        if outcome is PollOutcome.FINAL:
+            return PollReply(outcome, result=reply[1])
+        if outcome is PollOutcome.STATUS:
+            return PollReply(outcome, status=Status(reply[1]))
+        return PollReply(outcome)
+
+    # --- either side ----------------------------------------------------------------------
+
+    async def load(self, key: RecordKey, *fields: RecordField) -> RolloutRecord:
+        """A record (only ``fields`` of it, if given); an empty one if there is none."""
+        if not fields:
+            return RolloutRecord.parse(cast(dict[str, str], await self._redis.hgetall(key)))
+        values = cast(list[str | None], await self._redis.hmget(key, list(fields)))
+        return RolloutRecord.parse(
+            {name: value for name, value in zip(fields, values, strict=True) if value is not None}
+        )
+
+    async def cancel(
+        self, cancelled_results: Mapping[RecordKey, str], retention_seconds: float
+    ) -> dict[RecordKey, CancelOutcome]:
+        """Cancel each rollout (pipelined). Its value is the result a queued rollout finishes
+        with at once (v2), or ``""``: the worker that claims it reports the cancellation."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key, result in cancelled_results.items():
+                args: list[int | str] = [_ms(retention_seconds), result]
+                await self._scripts["cancel"](keys=[key], args=args, client=pipe)
+            outcomes = await pipe.execute()
+        return {
+            key: CancelOutcome(outcome)
+            for key, outcome in zip(cancelled_results, outcomes, strict=True)
+        }
+
+    async def v2_ids(self, prefix: str = "") -> list[str]:
+        """Rollout ids the fleet holds (admitted and not evicted), optionally by prefix."""
+        low = f"[{prefix}" if prefix else "-"
+        high = f"[{prefix}\xff" if prefix else "+"
+        return cast(list[str], await self._redis.zrangebylex(self.keys.v2_ids, low, high))
+
+    # --- fleet-wide state (gateway: health, drain, metrics) -------------------------------
+
+    async def counts(self) -> FleetCounts:
+        now_ms = _ms(time.time())
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(self.keys.active)
+            pipe.zcard(self.keys.leases)
+            pipe.zcount(self.keys.finished, now_ms, "+inf")
+            active, running, finished = await pipe.execute()
+        return FleetCounts(int(active), int(running), int(finished))
+
+    async def active_record_ids(self) -> list[str]:
+        """The record ids of every rollout admitted and not finished."""
+        keys = cast(list[str], await self._redis.zrange(self.keys.active, 0, -1))
+        return [self.keys.record_id(key) for key in keys]
+
+    async def deployment_id(self, new_id: str) -> str:
+        """The deployment's id: ``new_id`` if none is kept yet (Redis lost the fleet's state,
+        or this is the first ask), else the kept one."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.deployment, new_id, nx=True)
+            pipe.get(self.keys.deployment)
+            _, deployment = await pipe.execute()
+        return cast(str, deployment)
+
+    async def fence_admissions(self) -> None:
+        await self._redis.set(self.keys.draining, "1")
+
+    async def lift_fence(self) -> None:
+        await self._redis.delete(self.keys.draining)
+
+    async def admissions_fenced(self) -> bool:
+        return bool(await self._redis.exists(self.keys.draining))
+
+    async def fleet_figures(self) -> FleetFigures:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.llen(self.queue)
+            pipe.lindex(self.queue, -1)  # kombu takes messages from this end: the oldest
+            depth, oldest = await pipe.execute()
+        age = 0.0
+        key = record_of_message(oldest) if oldest else None
+        if key is not None:
+            accepted = (await self.load(RecordKey(key), RecordField.ACCEPTED_AT)).accepted_at
+            if accepted is not None:
+                age = max(0.0, time.time() - accepted / 1000)
+        return FleetFigures(
+            queue_depth=int(depth),
+            oldest_queued_seconds=round(age, 3),
+            counts=await self.counts(),
+            workers=await self.live_workers(),
+        )
+
+    async def fleet_secret_key(self, generated: str) -> str:
+        """The fleet's own sealing key: ``generated`` if none is kept yet, else the kept one."""
+        await self._redis.set(self.keys.fleet_key, generated, nx=True)
+        stored = cast(str | None, await self._redis.get(self.keys.fleet_key))
+        if stored is None:
+            raise RuntimeError(f"the fleet key {self.keys.fleet_key} vanished from Redis")
+        return stored
+
+    # --- read-only views (status, ls, export) -------------------------------------------
+
+    async def find(
+        self, record_id: str, protocols: Iterable[Protocol] = PROTOCOLS
+    ) -> RolloutRecord | None:
+        """The admitted rollout stored under ``record_id``, in the first protocol that has one."""
+        for protocol in protocols:
+            record = await self.load(self.keys.record(protocol, record_id))
+            if record.admitted:
+                return record
+        return None
+
+    async def summaries(self) -> list[RolloutRecord]:
+        """The newest ``SCAN_LIMIT`` unfinished and finished rollouts, without their request
+        and result."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrevrange(self.keys.active, 0, SCAN_LIMIT - 1)
+            pipe.zrevrange(self.keys.finished, 0, SCAN_LIMIT - 1)
+            active, finished = await pipe.execute()
+        keys = list(dict.fromkeys([*active, *finished]))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hmget(key, SUMMARY_FIELDS)
+            rows = await pipe.execute()
+        records = (
+            RolloutRecord.parse(
+                {name: value for name, value in zip(SUMMARY_FIELDS, row, strict=True) if value}
+            )
+            for row in rows
+        )
+        return [record for record in records if record.admitted]  # not expired meanwhile
+
+    async def finished_records(self, batch: int = 500) -> AsyncIterator[RolloutRecord]:
+        """Every finished record the fleet still keeps, oldest first, ``batch`` at a time."""
+        keys = cast(list[str], await self._redis.zrange(self.keys.finished, 0, -1))
+        for start in range(0, len(keys), batch):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys[start : start + batch]:
+                    pipe.hgetall(key)
+                rows = cast(list[dict[str, str]], await pipe.execute())
+            for fields in rows:
+                record = RolloutRecord.parse(fields)
+                if record.finished:
+                    yield record
+
+    # --- execution (workers) ------------------------------------------------------------
+
+    async def claim(
+        self,
+        key: RecordKey,
+        execution: str,
+        worker: str,
+        lease_seconds: float,
+        max_attempts: int,
+    ) -> Claim:
+        """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``."""
+        args = [execution, worker, _ms(lease_seconds), max_attempts]
+        reply = await self._run("claim", [key], args)
+        verdict = Verdict(reply[0])
+        if len(reply) == 1:
+            return Claim(verdict)
+        fields = reply[3:]
+        record = RolloutRecord.parse(dict(zip(fields[::2], fields[1::2], strict=True)))
+        return Claim(verdict, int(reply[1]), int(reply[2]) / 1000, record)
+
+    async def renew(
+        self, leases: Mapping[str, RecordKey], lease_seconds: float, inflight_ttl_seconds: float
+    ) -> list[str]:
+        """Extend each ``execution → record`` lease still held; returns the executions that
+        lost theirs."""
+        if not leases:
+            return []
+        args = [_ms(lease_seconds), _ms(inflight_ttl_seconds), *leases]
+        return list(await self._run("renew", list(leases.values()), args))
+
+    async def advance(
+        self,
+        key: RecordKey,
+        execution: str,
+        status: Status,
+        *,
+        result: str = "",
+        retention_seconds: float = 0,
+        fields: Mapping[RecordField, str] | None = None,
+    ) -> bool:
+        """Move the rollout to ``status`` (a terminal one keeps the record ``retention_seconds``);
+        False if ``execution`` no longer holds it."""
+        args = [execution, status.value, result, _ms(retention_seconds), *_flatten(fields or {})]
+        return bool(await self._run("advance", [key], args))
+
+    async def release(
+        self, key: RecordKey, execution: str, message: str, abandon: str = ""
+    ) -> bool:
+        """Give a rollout this worker runs back to the queue now; ``execution=""``: one it took
+        but never started. ``abandon``: the reason to fail it with instead of running it again."""
+        return bool(await self._run("release", [key, self.queue], [execution, message, abandon]))
+
+    # --- worker heartbeats --------------------------------------------------------------
+
+    async def beat(self, beat: WorkerBeat, ttl_seconds: int) -> None:
+        """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself)."""
+        now = time.time()
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.worker(beat.worker), beat.model_dump_json(), ex=ttl_seconds)
+            pipe.zadd(self.keys.workers, {beat.worker: now + ttl_seconds})
+            pipe.zremrangebyscore(self.keys.workers, "-inf", now)
+            pipe.expire(self.keys.workers, ttl_seconds)
+            await pipe.execute()
+
+    async def forget_worker(self, worker: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.worker(worker))
+            pipe.zrem(self.keys.workers, worker)
+            await pipe.execute()
+
+    async def live_workers(self) -> FleetWorkers:
+        """The latest beat of every worker whose heartbeat has not lapsed."""
+        names = cast(
+            list[str], await self._redis.zrangebyscore(self.keys.workers, time.time(), "+inf")
+        )
+        if not names:
+            return FleetWorkers()
+        beats = await self._redis.mget([self.keys.worker(name) for name in names])
+        return FleetWorkers([WorkerBeat.model_validate_json(beat) for beat in beats if beat])
+
+    # --- recovery (sweeper) -------------------------------------------------------------
+
+    async def lapsed_leases(self, limit: int) -> list[RecordKey]:
+        return list(await self._run("lapsed", [], [limit]))
+
+    async def redis_uptime(self) -> float:
+        """Seconds since Redis (re)started."""
+        info = await self._redis.info("server")
+        return float(info["uptime_in_seconds"])
+
+    async def requeue(self, key: RecordKey, message: str) -> bool:
+        return bool(await self._run("requeue", [key, self.queue], [message]))
+
+    async def stale_deliveries(
+        self, taken_before: float, limit: int
+    ) -> list[tuple[str, RecordKey]]:
+        """(delivery tag, record) of rollout messages workers took before ``taken_before``
+        (epoch seconds) and still hold unacknowledged."""
+        tags = cast(
+            list[str],
+            await self._redis.zrangebyscore(
+                UNACKED_INDEX, "-inf", taken_before, start=0, num=limit
+            ),
+        )
+        entries = cast(list[str | None], await self._redis.hmget(UNACKED, tags) if tags else [])
+        stale = []
+        for tag, entry in zip(tags, entries, strict=True):
+            key = record_of_delivery(entry) if entry else None
+            if key is not None:
+                stale.append((tag, RecordKey(key)))
+        return stale
+
+    async def restore_unstarted(self, key: RecordKey, tag: str, message: str) -> bool:
+        """Requeue a taken message whose rollout never started (its taker died)."""
+        keys = [key, UNACKED, UNACKED_INDEX, self.queue]
+        return bool(await self._run("restore", keys, [tag, message]))
+
+    async def waiting_without_message(self, batch: int = 1000) -> set[RecordKey]:
+        """Rollouts waiting for a worker whose message is neither in the queue nor among the
+        messages workers took: lost on its way to a worker. A snapshot: a message moving
+        between the two at the wrong moment makes a false suspect (see the sweeper)."""
+        waiting = await self._unleased_active()
+        if not waiting:
+            return set()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in waiting:
+                pipe.hget(key, RecordField.STATUS)
+            statuses = await pipe.execute()
+        waiting = [key for key, status in zip(waiting, statuses, strict=True) if status in WAITING]
+        if not waiting:
+            return set()
+        present: set[str | None] = set()
+        for start in itertools.count(0, batch):  # the queue first: messages move to unacked
+            chunk = cast(list[str], await self._redis.lrange(self.queue, start, start + batch - 1))
+            present.update(map(record_of_message, chunk))
+            if len(chunk) < batch:
+                break
+        unacked = cast(list[str], await self._redis.hvals(UNACKED))
+        present.update(map(record_of_delivery, unacked))
+        return {RecordKey(key) for key in waiting if key not in present}
+
+    async def _unleased_active(self) -> list[str]:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zrange(self.keys.active, 0, -1)
+            pipe.zrange(self.keys.leases, 0, -1)
+            active, leased = await pipe.execute()
+        return sorted(set(active) - set(leased))
+
+    async def resend(self, key: RecordKey, message: str, guard_seconds: float) -> bool:
+        """Give a waiting rollout whose message was lost a new one (once per guard period)."""
+        return bool(await self._run("resend", [key, self.queue], [message, _ms(guard_seconds)]))
+
+    async def take_turn(self, chore: str, ttl_seconds: float) -> bool:
+        """True for one caller per ``ttl_seconds`` fleet-wide: chores one worker does for all."""
+        return bool(await self._redis.set(self.keys.turn(chore), "1", nx=True, px=_ms(ttl_seconds)))
+
+    async def swap_lost_suspects(self, found: set[RecordKey], ttl_seconds: float) -> set[RecordKey]:
+        """Keep this check's suspects (for ``ttl_seconds``); return the previous check's."""
+        key = self.keys.lost_suspects
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.smembers(key)
+            pipe.delete(key)
+            if found:
+                pipe.sadd(key, *found)
+                pipe.pexpire(key, _ms(ttl_seconds))
+            previous = (await pipe.execute())[0]
+        return {RecordKey(key) for key in previous}
+
+    async def overdue_polls(self, limit: int) -> list[RecordKey]:
+        """v2 rollouts nobody polled in time."""
+        return list(await self._run("overdue_polls", [], [limit]))
+
+    async def expire_polls(
+        self, lease_expired_results: Mapping[RecordKey, str], retention_seconds: float
+    ) -> int:
+        """Finish each overdue rollout with its lease-expired result (pipelined), unless a
+        poll came since; how many were expired."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key, result in lease_expired_results.items():
+                args: list[int | str] = [result, _ms(retention_seconds)]
+                await self._scripts["expire_poll"](keys=[key], args=args, client=pipe)
+            expired = await pipe.execute()
+        return sum(map(int, expired))
+
+    async def prune(self, inflight_ttl_seconds: float) -> None:
+        """Drop the index entries of records whose TTL ran out."""
+        await self._run("prune", [], [_ms(inflight_ttl_seconds)])
+
+
+__all__ = [
+    "SUMMARY_FIELDS",
+    "RecordStore",
+    "StoreError",
+    "StoreFull",
+    "StoreReplyError",
+    "StoreUnavailable",
+    "answers",
+]

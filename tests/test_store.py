@@ -1,0 +1,437 @@
+"""The record store and its state machine (the Lua scripts) against a real redis-server.
+
+``redis`` is a plain client that observes what the store wrote; only the store changes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from celery import Celery
+from redis.asyncio import Redis
+
+from rollout_core.protocols import v2 as v2_records
+from rollout_core.queue.envelope import task_message
+from rollout_core.settings import FleetSettings
+from rollout_core.store import (
+    AdmitOutcome,
+    AdmitStart,
+    CancelOutcome,
+    PollOutcome,
+    RecordField,
+    RecordKey,
+    RecordStore,
+    Status,
+    Verdict,
+)
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX
+from rollout_fleet.redis_server import RedisServer
+from rollout_sdk.types import RolloutResultResponse, RolloutStatus
+from rollout_worker.sweeper import Sweeper
+
+LEASE = 0.2
+RETAIN = 60.0
+PROTOCOL = {RecordField.PROTOCOL: "v1", RecordField.RESPONSE: "{}"}
+
+pytestmark = pytest.mark.anyio
+
+
+def fleet(url: str, lease_seconds: float = 3) -> FleetSettings:
+    return FleetSettings(
+        redis_url=url, key_prefix="t", queue="q", lease_seconds=lease_seconds, secret_key=None
+    )
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url_for(1001), decode_responses=True)
+    await client.flushdb()
+    yield client
+    await client.flushdb()
+    await client.aclose()
+
+
+@pytest.fixture
+async def store(redis_server: RedisServer, redis: Redis) -> AsyncIterator[RecordStore]:
+    store = RecordStore.connect(fleet(redis_server.url_for(1001)))
+    yield store
+    await store.aclose()
+
+
+async def admitted(store: RecordStore, record_id: str = "r1", message: str = "MSG") -> RecordKey:
+    key = store.keys.record("v1", record_id)
+    assert (await store.admit_begin(key, "tok", 5)).start is AdmitStart.LEAD
+    assert await store.admit_commit(key, "tok", 60, message, PROTOCOL)
+    return key
+
+
+async def test_admission_is_atomic_and_replays(store: RecordStore, redis: Redis) -> None:
+    key = store.keys.record("v1", "r1")
+    assert (await store.admit_begin(key, "a", 5)).start is AdmitStart.LEAD
+    assert (await store.admit_begin(key, "b", 5)).start is AdmitStart.WAIT
+    assert not await store.admit_commit(key, "b", 60, "MSG", {RecordField.RESPONSE: "x"})
+    assert await redis.llen("q") == 0
+    assert await store.admit_commit(key, "a", 60, "MSG", {RecordField.RESPONSE: "BODY"})
+    assert await redis.lrange("q", 0, -1) == ["MSG"]
+    replay = await store.admit_begin(key, "c", 5)
+    assert (replay.start, replay.response) == (AdmitStart.REPLAY, "BODY")
+    assert (await store.load(key)).status is Status.QUEUED
+    counts = await store.counts()
+    assert (counts.active, counts.running, counts.finished) == (1, 0, 0)
+
+
+async def test_abort_forgets_only_its_own_admission(store: RecordStore, redis: Redis) -> None:
+    key = store.keys.record("v1", "r1")
+    await store.admit_begin(key, "a", 5)
+    await store.admit_abort(key, "someone-else")
+    assert await redis.exists(key)
+    await store.admit_abort(key, "a")
+    assert not await redis.exists(key)
+
+
+async def test_a_duplicate_delivery_of_a_held_rollout_is_busy(store: RecordStore) -> None:
+    key = await admitted(store)
+    first = await store.claim(key, "w1", "w1", LEASE, 5)
+    assert (first.verdict, first.attempt) == (Verdict.RUNNING, 1)
+    assert first.record.response == "{}"
+    assert first.since_accepted >= 0
+    assert (await store.claim(key, "w2", "w2", LEASE, 5)).verdict is Verdict.BUSY
+
+
+async def test_only_the_lease_holder_finishes_and_terminal_is_sticky(
+    store: RecordStore, redis: Redis
+) -> None:
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", LEASE, 5)
+    assert not await store.advance(key, "w2", Status.SUCCESS, result="x", retention_seconds=RETAIN)
+    assert await store.advance(key, "w1", Status.DELIVERING, result="R")
+    assert await store.advance(
+        key,
+        "w1",
+        Status.SUCCESS,
+        retention_seconds=RETAIN,
+        fields={RecordField.DELIVERY: "delivered"},
+    )
+    saved = await store.load(key)
+    assert (saved.status, saved.result, saved.delivery) == (Status.SUCCESS, "R", "delivered")
+    assert not await redis.hexists(key, RecordField.EXECUTION)
+    assert (await store.claim(key, "w3", "w3", LEASE, 5)).verdict is Verdict.DONE
+    assert not await store.advance(key, "w1", Status.FAILURE, retention_seconds=RETAIN)
+    assert 0 < await redis.pttl(key) <= RETAIN * 1000
+    assert (await store.counts()).finished == 1
+
+
+async def test_a_lapsed_lease_is_requeued_once_and_taken_over(
+    store: RecordStore, redis: Redis
+) -> None:
+    key = await admitted(store)
+    await redis.delete("q")
+    await store.claim(key, "dead", "dead", LEASE, 5)
+    assert await store.lapsed_leases(10) == []
+    await asyncio.sleep(LEASE + 0.05)
+    assert await store.lapsed_leases(10) == [key]
+    assert await store.requeue(key, "AGAIN")
+    assert not await store.requeue(key, "AGAIN")  # a second sweeper finds nothing to do
+    assert await redis.lrange("q", 0, -1) == ["AGAIN"]
+    assert (await store.load(key)).status is Status.QUEUED
+    second = await store.claim(key, "w2", "w2", LEASE, 5)
+    assert (second.verdict, second.attempt) == (Verdict.RUNNING, 2)
+    assert not await store.advance(key, "dead", Status.SUCCESS, retention_seconds=RETAIN)
+
+
+async def test_renewal_keeps_a_lease_and_reports_lost_ones(store: RecordStore) -> None:
+    mine = await admitted(store, "mine")
+    theirs = await admitted(store, "theirs")
+    await store.claim(mine, "w1", "w1", LEASE, 5)
+    await store.claim(theirs, "w2", "w2", LEASE, 5)
+    for _ in range(4):
+        await asyncio.sleep(LEASE / 2)
+        lost = await store.renew({"w1": mine, "w1:stale": theirs}, LEASE, 60)
+        assert lost == ["w1:stale"]
+    assert await store.lapsed_leases(10) == [theirs]  # w2 never renewed
+
+
+async def test_a_reclaim_by_the_same_worker_is_a_new_lease(store: RecordStore) -> None:
+    """Leases are per execution: when a worker's lease lapses and the same process claims the
+    rollout again, the stale execution can neither renew, finish nor hand it back."""
+    key = await admitted(store)
+    await store.claim(key, "w1:a", "w1", LEASE, 5)
+    await asyncio.sleep(LEASE + 0.05)
+    assert await store.requeue(key, "AGAIN")
+    await store.claim(key, "w1:b", "w1", LEASE, 5)
+    assert (await store.load(key)).worker == "w1"
+    assert await store.renew({"w1:a": key, "w1:b": key}, LEASE, 60) == ["w1:a"]
+    assert not await store.advance(key, "w1:a", Status.CANCELLED, retention_seconds=RETAIN)
+    assert not await store.release(key, "w1:a", "BACK")
+    assert await store.advance(key, "w1:b", Status.SUCCESS, retention_seconds=RETAIN)
+    assert (await store.load(key)).status is Status.SUCCESS
+
+
+async def test_a_lapsed_delivery_resumes_as_delivery(store: RecordStore) -> None:
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", LEASE, 5)
+    await store.advance(key, "w1", Status.DELIVERING, result="R")
+    await asyncio.sleep(LEASE + 0.05)
+    assert await store.requeue(key, "AGAIN")
+    resumed = await store.claim(key, "w2", "w2", LEASE, 5)
+    assert resumed.verdict is Verdict.DELIVERING
+    assert resumed.record.result == "R"
+
+
+async def test_too_many_attempts_is_exhausted(store: RecordStore) -> None:
+    key = await admitted(store)
+    for attempt in range(1, 3):
+        claim = await store.claim(key, f"w{attempt}", f"w{attempt}", 0.001, 2)
+        assert claim.verdict is Verdict.RUNNING
+        await asyncio.sleep(0.01)
+    assert (await store.claim(key, "w3", "w3", LEASE, 2)).verdict is Verdict.EXHAUSTED
+
+
+async def test_unknown_records_are_missing(store: RecordStore) -> None:
+    nope = store.keys.record("v1", "nope")
+    assert (await store.claim(nope, "w", "w", LEASE, 5)).verdict is Verdict.MISSING
+    assert not (await store.load(nope)).admitted
+    assert await store.find("nope") is None
+
+
+async def test_a_hand_off_requeues_at_once_without_counting_an_attempt(
+    store: RecordStore, redis: Redis
+) -> None:
+    key = await admitted(store)
+    await redis.delete("q")
+    await store.claim(key, "w1", "w1", 60, 5)
+    assert not await store.release(key, "w2", "BACK")  # only the lease holder hands back
+    assert await store.release(key, "w1", "BACK")
+    assert not await store.release(key, "w1", "BACK")  # done once
+    assert await redis.lrange("q", 0, -1) == ["BACK"]
+    saved = await redis.hgetall(key)
+    assert (saved[RecordField.STATUS], saved[RecordField.ATTEMPT]) == ("queued", "0")
+    assert saved[RecordField.HANDOFFS] == "1"
+    assert RecordField.EXECUTION not in saved
+    assert await store.lapsed_leases(10) == []  # no lease left for a sweeper to find
+    assert not await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
+    taken = await store.claim(key, "w2", "w2", 60, 5)
+    assert (taken.verdict, taken.attempt) == (Verdict.RUNNING, 1)
+
+
+async def test_a_rollout_delivering_its_result_is_not_handed_back(store: RecordStore) -> None:
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", 60, 5)
+    await store.advance(key, "w1", Status.DELIVERING, result="R")
+    assert not await store.release(key, "w1", "BACK")
+    assert (await store.load(key)).status is Status.DELIVERING
+
+
+async def test_a_terminal_record_counts_one_termination(store: RecordStore, redis: Redis) -> None:
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", LEASE, 5)
+    assert await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
+    assert not await store.advance(key, "w1", Status.FAILURE, retention_seconds=RETAIN)
+    assert await redis.hget(key, RecordField.TERMINATIONS) == "1"
+
+
+async def v2_admit(store: RecordStore, record_id: str, digest: str) -> AdmitOutcome:
+    return await store.admit_v2(
+        store.keys.record("v2", record_id),
+        max_queued=10,
+        poll_lease_seconds=60,
+        ttl_seconds=60,
+        message="MSG",
+        lease_digest=digest,
+        fields={RecordField.PROTOCOL: "v2", RecordField.ROLLOUT_ID: record_id},
+    )
+
+
+async def test_a_v2_admission_sent_twice_is_one_admission(store: RecordStore, redis: Redis) -> None:
+    """A gateway retrying its Lua call after a broken connection (the first reply lost) must
+    not turn the trainer's own admission into a 409."""
+    assert await v2_admit(store, "r1", "d1") is AdmitOutcome.QUEUED
+    assert await v2_admit(store, "r1", "d1") is AdmitOutcome.QUEUED
+    assert await v2_admit(store, "r1", "d2") is AdmitOutcome.DUPLICATE
+    assert await redis.lrange("q", 0, -1) == ["MSG"]
+    assert await store.v2_ids("r") == ["r1"]
+
+
+async def test_v2_admissions_are_refused_while_fenced(store: RecordStore) -> None:
+    await store.fence_admissions()
+    assert await store.admissions_fenced()
+    assert await v2_admit(store, "r1", "d1") is AdmitOutcome.DRAINING
+    await store.lift_fence()
+    assert await v2_admit(store, "r1", "d1") is AdmitOutcome.QUEUED
+
+
+async def test_the_results_the_fleet_makes_are_the_models_wire_results(
+    store: RecordStore, redis: Redis
+) -> None:
+    """Nothing on the wire is assembled in Lua: a cancelled queued rollout and an expired
+    polling lease store (and a poll returns) the results the SDK's models build."""
+    await v2_admit(store, "c1", "d1")
+    cancelled = store.keys.record("v2", "c1")
+    outcomes = await store.cancel({cancelled: v2_records.cancelled_json("c1")}, RETAIN)
+    assert outcomes == {cancelled: CancelOutcome.CANCELLED_QUEUED}
+    stored = RolloutResultResponse.model_validate_json(await redis.hget(cancelled, "result"))
+    assert (stored.rollout_id, stored.status) == ("c1", RolloutStatus.CANCELLED)
+    assert await store.cancel({cancelled: ""}, RETAIN) == {cancelled: CancelOutcome.FINISHED}
+
+    await v2_admit(store, "e1", "d1")
+    expired = store.keys.record("v2", "e1")
+    await redis.hset(expired, RecordField.POLL_DEADLINE, 0)  # the lease ran out
+    reply = await store.poll(
+        expired,
+        "d1",
+        poll_lease_seconds=60,
+        retention_seconds=RETAIN,
+        lease_expired_result=v2_records.lease_expired_json("e1"),
+    )
+    assert reply.outcome is PollOutcome.FINAL
+    assert reply.result is not None
+    final = RolloutResultResponse.model_validate_json(reply.result)
+    assert (final.status, final.err_category) == (RolloutStatus.FAILURE, "lease_expired")
+    assert reply.result == await redis.hget(expired, "result")
+
+
+async def test_polls_authenticate_renew_and_report(store: RecordStore) -> None:
+    await v2_admit(store, "p1", "d1")
+    key = store.keys.record("v2", "p1")
+    poll = {"poll_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
+    assert (await store.poll(key, "d2", **poll)).outcome is PollOutcome.FORBIDDEN
+    reply = await store.poll(key, "d1", **poll)
+    assert (reply.outcome, reply.status) == (PollOutcome.STATUS, Status.QUEUED)
+    missing = store.keys.record("v2", "nope")
+    assert (await store.poll(missing, "d1", **poll)).outcome is PollOutcome.UNKNOWN
+
+
+async def test_the_sweeper_expires_unpolled_rollouts_once(store: RecordStore, redis: Redis) -> None:
+    sweeper = Sweeper(store, lambda key: f"AGAIN {key}", fleet("redis://unused"))
+    await v2_admit(store, "u1", "d1")
+    await v2_admit(store, "u2", "d1")
+    overdue = store.keys.record("v2", "u1")
+    await redis.zadd(store.keys.poll_leases, {overdue: 0})
+    assert await store.overdue_polls(10) == [overdue]
+    await sweeper.sweep()
+    result = RolloutResultResponse.model_validate_json(await redis.hget(overdue, "result"))
+    assert (result.rollout_id, result.err_category) == ("u1", "lease_expired")
+    assert await store.overdue_polls(10) == []
+    assert (await store.load(store.keys.record("v2", "u2"))).status is Status.QUEUED
+
+
+async def test_an_abandoned_rollout_is_failed_by_its_next_claim(
+    store: RecordStore, redis: Redis
+) -> None:
+    """A worker recycling itself (its loop blocked) gives the culprit up with a reason."""
+    key = await admitted(store)
+    await redis.delete("q")
+    await store.claim(key, "w1", "w1", 60, 5)
+    assert await store.release(key, "w1", "BACK", abandon="it blocked the loop")
+    assert await redis.lrange("q", 0, -1) == ["BACK"]
+    assert not await redis.hexists(key, RecordField.HANDOFFS)
+    taken = await store.claim(key, "w2", "w2", 60, 5)
+    assert taken.verdict is Verdict.ABANDONED
+    assert taken.record.abandon_reason == "it blocked the loop"
+
+
+async def test_a_rollout_taken_but_never_started_is_queued_again(
+    store: RecordStore, redis: Redis
+) -> None:
+    key = await admitted(store)
+    await redis.delete("q")
+    assert await store.release(key, "", "AGAIN")
+    assert await redis.lrange("q", 0, -1) == ["AGAIN"]
+    assert (await store.load(key)).status is Status.QUEUED
+    await store.claim(key, "w1", "w1", 60, 5)
+    assert not await store.release(key, "", "AGAIN")  # started meanwhile: nothing to do
+    assert await redis.llen("q") == 1
+
+
+async def test_a_message_taken_but_never_started_is_restored_once(
+    store: RecordStore, redis: Redis
+) -> None:
+    """A worker that dies between taking a rollout's message and claiming it leaves the message
+    in kombu's unacked set; the sweeper puts it back instead of waiting for the broker."""
+    key = await admitted(store)
+    await redis.delete("q")
+    entry = json.dumps([json.loads(task_message(Celery("t"), key, "r1", "q")), "", "q"])
+    await redis.hset(UNACKED, "tag-1", entry)
+    await redis.zadd(UNACKED_INDEX, {"tag-1": time.time() - 60})
+    assert await store.stale_deliveries(time.time() - 120, 10) == []  # not old enough
+    assert await store.stale_deliveries(time.time() - 30, 10) == [("tag-1", key)]
+    assert await store.restore_unstarted(key, "tag-1", "AGAIN")
+    assert await redis.lrange("q", 0, -1) == ["AGAIN"]
+    assert await redis.hlen(UNACKED) == 0
+    assert await store.stale_deliveries(time.time(), 10) == []
+    assert not await store.restore_unstarted(key, "tag-1", "AGAIN")  # once
+
+
+async def test_a_started_rollout_is_not_restored(store: RecordStore, redis: Redis) -> None:
+    key = await admitted(store)
+    await redis.delete("q")
+    await store.claim(key, "w1", "w1", 60, 5)
+    await redis.hset(UNACKED, "tag-2", "[]")
+    assert not await store.restore_unstarted(key, "tag-2", "AGAIN")
+    assert await redis.llen("q") == 0
+    assert await redis.hlen(UNACKED) == 1  # the live worker acks it
+
+
+async def admitted_with_message(store: RecordStore, record_id: str) -> RecordKey:
+    key = store.keys.record("v1", record_id)
+    return await admitted(store, record_id, task_message(Celery("t"), key, record_id, "q"))
+
+
+async def test_a_waiting_rollout_whose_message_vanished_is_found(
+    store: RecordStore, redis: Redis
+) -> None:
+    """Only a rollout waiting for a worker whose message is in neither the queue nor kombu's
+    unacked set counts as lost."""
+    queued, taken, vanished, running = [
+        await admitted_with_message(store, key) for key in ("queued", "taken", "gone", "run")
+    ]
+    message = {key: task_message(Celery("t"), key, "-", "q") for key in (taken, vanished)}
+    await redis.delete("q")
+    await redis.lpush("q", task_message(Celery("t"), queued, "-", "q"))
+    await redis.hset(UNACKED, "tag-1", json.dumps([json.loads(message[taken]), "", "q"]))
+    await store.claim(running, "w1", "w1", 60, 5)
+    assert await store.waiting_without_message() == {vanished}
+    assert await store.resend(vanished, message[vanished], 60)
+    assert await store.waiting_without_message() == set()
+    assert not await store.resend(vanished, message[vanished], 60)  # once per guard period
+    assert not await store.resend(running, "RUN", 0)  # it runs: nothing lost
+    assert await redis.llen("q") == 2
+
+
+async def test_the_sweeper_resends_a_lost_message_after_two_checks(
+    store: RecordStore, redis: Redis
+) -> None:
+    sweeper = Sweeper(store, lambda key: f"AGAIN {key}", fleet("redis://unused", 0.05))
+    key = await admitted_with_message(store, "r1")  # checks every 0.2 s
+    await redis.delete("q")
+    assert await sweeper.sweep() == 0  # a suspect: its message may just have been moving
+    assert await sweeper.sweep() == 0  # not this worker's turn yet: one check per period
+    await asyncio.sleep(0.25)
+    assert await sweeper.sweep() == 1
+    assert await redis.lrange("q", 0, -1) == [f"AGAIN {key}"]
+
+
+async def test_lapsed_leases_wait_one_lease_after_a_redis_restart() -> None:
+    """A Redis restart lapses every lease (nobody could renew): a sweep in the first lease
+    after it leaves them to their holders; later sweeps requeue the ones still lapsed."""
+    server = RedisServer().start()  # uptime 0, like a Redis that just came back
+    store = RecordStore.connect(fleet(server.url, lease_seconds=2))
+    try:
+        sweeper = Sweeper(store, lambda key: f"AGAIN {key}", fleet(server.url, lease_seconds=2))
+        key = await admitted(store)
+        await store.claim(key, "execution", "worker", LEASE, 5)
+        await asyncio.sleep(LEASE + 0.05)
+        assert await store.lapsed_leases(10) == [key]
+        assert await sweeper.sweep() == 0
+        assert (await store.load(key)).status is Status.RUNNING
+        await asyncio.sleep(2.2 - await store.redis_uptime())  # uptime counts whole seconds
+        assert await store.redis_uptime() >= 2
+        assert await sweeper.sweep() == 1
+        assert (await store.load(key)).status is Status.QUEUED
+    finally:
+        await store.aclose()
+        server.stop()
