@@ -47,8 +47,11 @@ def test_generated_requests_find_no_server_error_and_no_schema_violation(
         "examples,coverage,fuzzing",
         "--max-examples",
         "400",
+        # One worker: with threads, hypothesis parses lambda sources concurrently and CPython
+        # 3.11.7's ast.parse then raises "AST constructor recursion depth mismatch" (a
+        # CPython bug, not ours) — seen once in CI.
         "--workers",
-        "4",
+        "1",
         "--seed",
         "20261121",
         "--report",
