@@ -5,14 +5,15 @@ plain Redis data. It is sealed with Fernet (AES + HMAC) under the fleet key
 ``ROLLOUT_FLEET_SECRET_KEY`` and dropped from the record when the rollout finishes. Without a
 configured key the fleet generates one and keeps it in Redis beside the data, which keeps
 secrets out of dumps and greps but is obfuscation, not protection: set the variable in
-production.
+production. Keys rotate without losing queued rollouts: ``NEW,OLD`` seals with ``NEW`` and
+still opens what ``OLD`` sealed (:class:`~cryptography.fernet.MultiFernet`).
 """
 
 from __future__ import annotations
 
 import logging
 
-from cryptography.fernet import Fernet
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore
@@ -22,15 +23,28 @@ logger = logging.getLogger(__name__)
 REDACTED = "***"
 
 
+class SecretUnreadable(ValueError):
+    """A sealed secret none of this process's keys opens."""
+
+
 class SecretBox:
-    def __init__(self, key: str | bytes) -> None:
-        self._fernet = Fernet(key)
+    def __init__(self, keys: str | bytes) -> None:
+        """``keys``: one Fernet key, or several comma-separated (the first one seals)."""
+        text = keys.decode("ascii") if isinstance(keys, bytes) else keys
+        self._fernet = MultiFernet([Fernet(key.strip()) for key in text.split(",") if key.strip()])
 
     def seal(self, secret: str) -> str:
         return self._fernet.encrypt(secret.encode()).decode("ascii")
 
     def open(self, sealed: str) -> str:
-        return self._fernet.decrypt(sealed.encode("ascii")).decode()
+        try:
+            return self._fernet.decrypt(sealed.encode("ascii")).decode()
+        except (InvalidToken, ValueError) as exc:
+            raise SecretUnreadable(
+                "the trainer's API key was sealed with a ROLLOUT_FLEET_SECRET_KEY this process "
+                "does not have (the key was rotated without keeping the old one after the new, "
+                "or gateways and workers were given different keys)"
+            ) from exc
 
 
 async def load_secret_box(store: RecordStore, settings: FleetSettings) -> SecretBox:
@@ -53,4 +67,4 @@ def redact(text: str, *secrets: str | None) -> str:
     return text
 
 
-__all__ = ["REDACTED", "SecretBox", "load_secret_box", "redact"]
+__all__ = ["REDACTED", "SecretBox", "SecretUnreadable", "load_secret_box", "redact"]

@@ -37,7 +37,21 @@ class FleetSettings(BaseSettings):
         description="The agent, as module:attr or path/to/file.py:attr.",
     )
     api_key: SecretStr | None = Field(
-        None, description="Server key trainers must send (off if unset)."
+        None,
+        description="Server key trainers must send. Unset: no key, and a gateway then binds "
+        "only a loopback address (see insecure_open_gateway).",
+    )
+    insecure_open_gateway: bool = Field(
+        False,
+        description="Let a gateway without api_key listen on a non-loopback address: anyone "
+        "who reaches the port may admit, cancel and drain rollouts. Only on a network where "
+        "every client is trusted.",
+    )
+    drain_fence_seconds: float = Field(
+        3600,
+        gt=0,
+        description="How long a v2 POST /drain fences admissions fleet-wide unless lifted "
+        "(DELETE /drain) or renewed by another drain.",
     )
     redis_max_connections: int = Field(
         200, ge=1, description="Redis connections per process; more requests wait for one."
@@ -124,8 +138,9 @@ class FleetSettings(BaseSettings):
     get_tools_threads: int = Field(16, ge=1, description="Threads running get_tools() per gateway.")
     secret_key: SecretStr | None = Field(
         None,
-        description="Fernet key sealing trainer API keys in Redis. Unset: a key is generated "
-        "and kept in Redis (obfuscation only).",
+        description="Fernet key sealing trainer API keys in Redis; to rotate, list the new key "
+        "first and the old ones after it, comma-separated (the first seals, all open). Unset: a "
+        "key is generated and kept in Redis (obfuscation only).",
     )
     debug_dir: str | None = Field(None, description="Write v1 debug traces (ctx.log_event) here.")
     task_events: bool = Field(
@@ -149,6 +164,12 @@ class FleetSettings(BaseSettings):
         le=65535,
         description="Worker processes serve Prometheus metrics (GET /metrics) on this port; "
         "unset: none. Gateways always serve GET /metrics on their own port.",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="The address worker metrics listen on (0.0.0.0: every interface, as a "
+        "container on a scrape network needs).",
     )
     log_format: Literal["text", "json"] = Field(
         "text", description="Log lines as text, or one JSON object each (with rollout_id)."

@@ -102,8 +102,13 @@ def gateway(
     from rollout_core.logs import log_config
     from rollout_core.metrics import MULTIPROC_ENV
     from rollout_core.settings import FleetSettings
+    from rollout_gateway.limits import open_bind_refusal
 
     settings = FleetSettings()
+    refusal = open_bind_refusal(host, settings.api_key is not None, settings.insecure_open_gateway)
+    if refusal is not None:
+        console.print(f"[red]{refusal}[/red]")
+        raise typer.Exit(2)
     if workers > 1 and MULTIPROC_ENV not in os.environ:
         # Processes sharing the port share their metrics: any of them answers a scrape.
         os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollout-gateway-metrics-")

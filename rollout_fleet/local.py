@@ -53,6 +53,11 @@ class LocalFleet:
 
     def __post_init__(self) -> None:
         self.extra_gateway_ports = [free_port() for _ in range(self.gateways - 1)]
+        # One key for the fleet's life: a worker restarted later must open what the gateway
+        # sealed before.
+        self._secret_key = os.environ.get(
+            "ROLLOUT_FLEET_SECRET_KEY", Fernet.generate_key().decode()
+        )
 
     @property
     def gateway_url(self) -> str:
@@ -81,9 +86,7 @@ class LocalFleet:
             **os.environ,
             "REDIS_URL": self.redis_url,
             "AGENT": self.agent,
-            "ROLLOUT_FLEET_SECRET_KEY": os.environ.get(
-                "ROLLOUT_FLEET_SECRET_KEY", Fernet.generate_key().decode()
-            ),
+            "ROLLOUT_FLEET_SECRET_KEY": self._secret_key,
             "PYTHONUNBUFFERED": "1",
             **self.env,
         }
@@ -123,7 +126,15 @@ class LocalFleet:
 
     def start_gateway(self, env: dict[str, str] | None = None, index: int = 1) -> ManagedProcess:
         port = self.gateway_port if index == 1 else self.extra_gateway_ports[index - 2]
-        argv = fleet_command("gateway", "--port", str(port), "--workers", str(self.gateway_workers))
+        argv = fleet_command(
+            "gateway",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(self.gateway_workers),
+        )
         name = "gateway" if index == 1 else f"gateway-{index}"
         return self._spawn(name, argv, env or self.process_env())
 

@@ -5,11 +5,15 @@ Admission carries a URL the workers will call (v1 ``server_url``, also the callb
 v2 ``chat_completions_url``). Without a check, anyone allowed to admit rollouts can make the
 workers send requests to any host their network reaches (SSRF). With
 ``ROLLOUT_FLEET_ALLOWED_TRAINER_URLS`` set, the URL must lie under one of the listed
-prefixes: same scheme, host and port, and a path at or below the prefix's path.
+prefixes: same scheme, host and port, and a path at or below the prefix's path. Whatever the
+list says, a trainer URL is refused if it carries a query or fragment (the fleet appends paths
+to it: ``?x=`` would turn them into a parameter and aim the worker at any path of the host),
+or names a link-local or cloud-metadata address (where instance credentials are served).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +26,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rollout_sdk.server.http import ErrorDetail
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# Cloud metadata services outside the link-local ranges, by address and by name.
+METADATA_ADDRESSES = frozenset(
+    {ipaddress.ip_address("100.100.100.200"), ipaddress.ip_address("fd00:ec2::254")}
+)
+METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "metadata.goog"})
 
 
 def _origin_and_path(url: httpx.URL) -> tuple[str, str, int | None, str]:
@@ -42,16 +51,61 @@ def is_under(url: str, prefix: str) -> bool:
     )
 
 
+def never_called(url: str) -> str | None:
+    """Why the fleet never calls ``url``, whatever the allow-list says; None if it may."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError):
+        return "is not a URL"
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:
+        return "carries a query or fragment (the fleet appends paths to a trainer URL)"
+    host = parsed.host.lower().rstrip(".")
+    if host in METADATA_NAMES:
+        return "names a cloud metadata service"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if address.is_link_local or address in METADATA_ADDRESSES:
+        return "is a link-local or cloud-metadata address"
+    return None
+
+
 def check_trainer_url(field: str, url: str, allowed: Sequence[str]) -> None:
-    """A 422 (shaped as FastAPI's validation errors) unless ``url`` lies under an allowed
-    prefix; with no list configured, any URL passes."""
-    if allowed and not any(is_under(url, prefix) for prefix in allowed):
+    """A 422 (shaped as FastAPI's validation errors) unless ``url`` may be called: never a
+    query, fragment, link-local or metadata address; and with an allow-list configured, only
+    under one of its prefixes."""
+    refused = never_called(url)
+    if refused is not None:
+        message = f"{field} {url!r} {refused}"
+    elif allowed and not any(is_under(url, prefix) for prefix in allowed):
         message = (
             f"{field} {url!r} is not an allowed trainer URL; this fleet calls only URLs under "
             f"{', '.join(allowed)} (ROLLOUT_FLEET_ALLOWED_TRAINER_URLS)"
         )
-        error = {"type": "value_error", "loc": ("body", field), "msg": message, "input": url}
-        raise RequestValidationError([error])
+    else:
+        return
+    error = {"type": "value_error", "loc": ("body", field), "msg": message, "input": url}
+    raise RequestValidationError([error])
+
+
+def open_bind_refusal(host: str, has_key: bool, insecure_open: bool) -> str | None:
+    """Why a gateway must not listen on ``host``: without a server key, only a loopback
+    address, unless the operator said, by name, to run it open."""
+    if has_key or insecure_open:
+        return None
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (
+        f"refusing to listen on {host} without a server key: anyone who reaches the port "
+        "could admit, cancel and drain rollouts. Set ROLLOUT_FLEET_API_KEY (trainers send it "
+        "as 'Authorization: Bearer <key>'), bind 127.0.0.1, or, on a network where every "
+        "client is trusted, set ROLLOUT_FLEET_INSECURE_OPEN_GATEWAY=true."
+    )
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -180,7 +180,7 @@ class FleetRollouts(RolloutService):
     async def drain(self, timeout_sec: float) -> DrainResponse:
         """Fence admissions fleet-wide, then wait up to ``timeout_sec`` for in-flight work."""
         store = self.gateway.store
-        await store.fence_admissions()
+        await store.fence_admissions(self.gateway.settings.drain_fence_seconds)
         deadline = time.monotonic() + timeout_sec
         # The condition lives in Redis, changed by other processes: poll it.
         while (await store.counts()).active and time.monotonic() < deadline:  # noqa: ASYNC110

@@ -4,7 +4,10 @@ The executor owns what every protocol shares: the claim that makes duplicate del
 harmless, the per-process slot limit, the lease heartbeat, cancelling a rollout's task when
 its lease is lost, handing rollouts back when the worker stops, and the rollouts a claim says
 must not run (:class:`Refusal`). What "running a rollout" means (v1: run the agent loop, post
-the completion callback) is a :class:`Carrier`, looked up by the record's protocol.
+the completion callback) is a :class:`Carrier`, looked up by the record's protocol. A worker
+has a carrier for both generations: the one its agent speaks runs rollouts, the other only
+refuses them (a record of the other generation: the agent changed while rollouts waited, or
+another fleet shares the Redis database), so every claimed rollout ends.
 
 Words: a *worker* is one worker process (its name is unique in the fleet); an *execution* is
 one run of one rollout on it, and holds that rollout's lease.
@@ -21,8 +24,10 @@ from dataclasses import dataclass
 from typing import Protocol as Interface
 
 from rollout_core import logs, tracing
+from rollout_core.protocols.sealed import UnreadableRecord
 from rollout_core.settings import FleetSettings
 from rollout_core.store import (
+    Advance,
     Claim,
     Protocol,
     RecordField,
@@ -72,6 +77,17 @@ class Refusal:
             return cls(claim.verdict, reason)
         return None
 
+    @classmethod
+    def foreign(cls, protocol: Protocol, speaks: Protocol) -> Refusal | None:
+        """A rollout of a generation this worker's agent does not speak."""
+        if protocol == speaks:
+            return None
+        message = (
+            f"this fleet's agent speaks {speaks}; a {protocol} rollout cannot run on it (admitted "
+            "before the agent changed, or by another fleet sharing this Redis database)"
+        )
+        return cls(Verdict.ABANDONED, message)
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -88,15 +104,22 @@ class Lease:
     retention_seconds: float
 
     async def advance(
-        self, status: Status, *, result: str = "", fields: Mapping[RecordField, str] | None = None
-    ) -> bool:
-        """Move the rollout to ``status``; False if the lease was lost (result discarded)."""
+        self,
+        status: Status,
+        *,
+        result: str = "",
+        cancelled_result: str = "",
+        fields: Mapping[RecordField, str] | None = None,
+    ) -> Advance:
+        """Move the rollout to ``status`` (``cancelled_result`` instead of a success if its
+        cancellation was requested); ``Advance.LOST`` if the lease was lost."""
         return await self.store.advance(
             self.key,
             self.execution,
             status,
             result=result,
             retention_seconds=self.retention_seconds,
+            cancelled_result=cancelled_result,
             fields=fields,
         )
 
@@ -120,6 +143,11 @@ class Carrier(Interface):
         """Finish the rollout without running it, telling its trainer why."""
         ...
 
+    async def fail(self, claim: Claim, message: str, lease: Lease) -> Status | None:
+        """Fail a rollout whose record cannot be read (:class:`UnreadableRecord`): no request
+        to run, and no key to tell the trainer with; the record says why."""
+        ...
+
 
 class Executor:
     def __init__(
@@ -128,6 +156,7 @@ class Executor:
         worker: str,
         settings: FleetSettings,
         carriers: Iterable[Carrier],
+        speaks: Protocol,
         concurrency: int,
         requeue_message: Callable[[RecordKey], str],
         sink: TrajectorySink | None = None,
@@ -137,6 +166,7 @@ class Executor:
         self._sink = sink
         self._settings = settings
         self._carriers = {carrier.protocol: carrier for carrier in carriers}
+        self._speaks = speaks  # the generation the agent speaks; the other is refused
         self._requeue_message = requeue_message
         # Celery's pool size is the real cap; this guards the loop if the two ever disagree.
         self._slots = asyncio.Semaphore(concurrency)
@@ -174,22 +204,20 @@ class Executor:
             return HANDED_BACK
         task = asyncio.current_task()
         assert task is not None
-        self._executions[execution] = _Execution(key, task)
         protocol = claim.record.protocol
         if claim.attempt == 1 and claim.verdict is Verdict.RUNNING:
             metrics.QUEUE_WAIT.labels(protocol).observe(claim.since_accepted)
-        carrier = self._carriers[protocol]
-        lease = Lease(self.store, key, execution, carrier.retention_seconds)
-        refusal = Refusal.of(claim)
         started = time.monotonic()
         metrics.INFLIGHT.inc()
+        # Registered only inside the try: whatever fails, the heartbeat stops renewing it.
+        self._executions[execution] = _Execution(key, task)
         try:
+            carrier = self._carriers[protocol]
+            lease = Lease(self.store, key, execution, carrier.retention_seconds)
+            refusal = Refusal.of(claim) or Refusal.foreign(protocol, self._speaks)
             async with self._slots:
                 with tracing.execution(claim.record, self.store.keys.record_id(key)):
-                    if refusal is not None:
-                        status = await carrier.refuse(claim, refusal, lease)
-                    else:
-                        status = await carrier.carry(claim, lease)
+                    status = await self._carry(carrier, claim, refusal, lease)
         finally:
             metrics.INFLIGHT.dec()
             del self._executions[execution]
@@ -199,6 +227,18 @@ class Executor:
         if self._sink is not None:
             await self._keep_trajectory(self._sink, key)
         return status.value
+
+    @staticmethod
+    async def _carry(
+        carrier: Carrier, claim: Claim, refusal: Refusal | None, lease: Lease
+    ) -> Status | None:
+        try:
+            if refusal is not None:
+                return await carrier.refuse(claim, refusal, lease)
+            return await carrier.carry(claim, lease)
+        except UnreadableRecord as exc:  # running it again cannot help: it fails, once
+            logger.error("%s: the record cannot be read: %s", lease.key, exc)  # noqa: TRY400
+            return await carrier.fail(claim, f"the rollout's record cannot be read: {exc}", lease)
 
     @staticmethod
     async def _keep_trajectory(sink: TrajectorySink, key: RecordKey) -> None:
@@ -235,8 +275,9 @@ class Executor:
         return bool(tasks)
 
     async def renew_leases(self) -> None:
-        """Extend the lease of every execution running here; cancel the ones that lost it."""
-        lost = await self.store.renew(
+        """Extend the lease of every execution running here; cancel the ones that lost it and
+        the ones whose cancellation was requested (in case its stop message was missed)."""
+        lost, stop = await self.store.renew(
             {execution: e.key for execution, e in self._executions.items()},
             self._settings.lease_seconds,
             self._settings.inflight_ttl_seconds,
@@ -247,6 +288,11 @@ class Executor:
                 running.task.cancel()
                 metrics.WORKER_LEASES_LOST.inc()
                 logger.warning("%s: lease lost; its execution here stopped", running.key)
+        for execution in stop:
+            running = self._executions.get(execution)
+            if running is not None and not running.task.cancelling():
+                running.task.cancel()
+                logger.info("%s: cancellation requested; its execution here stopped", running.key)
 
 
 @dataclass(frozen=True)

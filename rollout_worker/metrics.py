@@ -77,7 +77,7 @@ POLL_LEASE_EXPIRIES = Counter(
 )
 
 
-def serve(port: int, address: str = "0.0.0.0") -> tuple[WSGIServer, threading.Thread]:
+def serve(port: int, address: str) -> tuple[WSGIServer, threading.Thread]:
     """``/metrics`` on ``port``, answered by a thread of its own (never the event loop)."""
     return start_http_server(port, address, registry())
 

@@ -26,7 +26,7 @@ from rollout_core.protocols import cancelled_result
 from rollout_core.queue.envelope import task_id_for, task_message
 from rollout_core.secrets import SecretBox, load_secret_box
 from rollout_core.settings import FleetSettings
-from rollout_core.store import RecordKey, RecordStore, StoreError, WorkerBeat
+from rollout_core.store import Protocol, RecordKey, RecordStore, StoreError, WorkerBeat
 from rollout_sdk.client import HttpClientShards, observe_traingate_calls
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
@@ -48,21 +48,29 @@ CONSUMER_SILENCE_SECONDS = 10.0
 STOP_LISTENER_RETRY_SECONDS = 1.0
 
 
-def _carrier(
+def _carriers(
     agent: Agent, settings: FleetSettings, http: HttpClientShards, box: SecretBox
-) -> Carrier:
-    """The carrier of the agent's protocol generation."""
-    if isinstance(agent, RolloutAgentLoop):
-        return v1.V1Carrier(
-            agent,
+) -> tuple[list[Carrier], Protocol]:
+    """A carrier for each generation, and the one the agent speaks (the other only refuses)."""
+    loop, bundle = (agent, None) if isinstance(agent, RolloutAgentLoop) else (None, agent)
+    carriers: list[Carrier] = [
+        v1.V1Carrier(
+            loop,
             http,
             box,
             get_settings(),
             settings.record_ttl,
             settings.max_rollout_seconds,
             settings.debug_dir,
-        )
-    return v2.V2Carrier(agent, box, settings.result_retention_seconds, settings.max_rollout_seconds)
+        ),
+        v2.V2Carrier(
+            bundle,
+            box,
+            settings.result_retention_seconds,
+            settings.max_rollout_seconds,
+        ),
+    ]
+    return carriers, carriers[0].protocol if loop is not None else carriers[1].protocol
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class _OnLoop:
         store = RecordStore.connect(settings)
         box = await load_secret_box(store, settings)
         http = HttpClientShards(concurrency, get_settings())
-        carrier = _carrier(agent, settings, http, box)
+        carriers, speaks = _carriers(agent, settings, http, box)
 
         def requeue_message(key: RecordKey) -> str:
             return task_message(app, key, store.keys.record_id(key), store.queue)
@@ -89,7 +97,9 @@ class _OnLoop:
         sink = None
         if settings.trajectory_dir:
             sink = TrajectorySink(store, Path(settings.trajectory_dir), worker.replace(":", "-"))
-        executor = Executor(store, worker, settings, [carrier], concurrency, requeue_message, sink)
+        executor = Executor(
+            store, worker, settings, carriers, speaks, concurrency, requeue_message, sink
+        )
         return cls(store, http, executor, Sweeper(store, requeue_message, settings))
 
     async def aclose(self) -> None:
@@ -113,7 +123,7 @@ class WorkerRuntime:
         self._waiting: set[RecordKey] = set()  # rollouts pool threads handed to the loop
         self._waiting_lock = threading.Lock()
         observe_traingate_calls(metrics.observe_traingate_call)
-        self._metrics_server = self._serve_metrics(settings.metrics_port)
+        self._metrics_server = self._serve_metrics(settings.metrics_port, settings.metrics_host)
         self._loop = LoopThread()
         self._lineage = TaskLineage()
         self._lineage.install(self._loop.loop)
@@ -130,11 +140,11 @@ class WorkerRuntime:
         self._watchdog.start()
 
     @staticmethod
-    def _serve_metrics(port: int | None) -> WSGIServer | None:
+    def _serve_metrics(port: int | None, host: str) -> WSGIServer | None:
         if port is None:
             return None
         try:
-            server, _ = metrics.serve(port)
+            server, _ = metrics.serve(port, host)
         except OSError:  # a second worker on this host: its metrics, not its rollouts, go
             logger.exception("no /metrics for this worker: port %d is taken", port)
             return None

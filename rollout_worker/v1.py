@@ -2,7 +2,11 @@
 
 The completion body is stored (status ``delivering``) before it is posted, so a worker that
 dies mid-delivery leaves a result another worker delivers instead of a rollout the trainer
-never hears about.
+never hears about. A started delivery is seen through: neither a cancel nor a lost lease
+interrupts a POST in flight (the trainer may be reading it), and every callback of a rollout
+carries the same ``Idempotency-Key`` (its idempotency key) so a receiver can drop a repeat.
+A repeat happens only when a worker dies between the POST and the write that records it
+(docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
@@ -15,11 +19,16 @@ from typing import Any
 
 from rollout_core.protocols.v1 import PROTOCOL, request_from_record
 from rollout_core.secrets import SecretBox, redact
-from rollout_core.store import Claim, Protocol, RecordField, Status, Verdict
+from rollout_core.store import Advance, Claim, Protocol, RecordField, Status, Verdict
 from rollout_sdk.client import HttpClientShards, OsmosisLLMClient
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
-from rollout_sdk.core.exceptions import OsmosisRolloutError
+from rollout_sdk.core.exceptions import (
+    OsmosisRolloutError,
+    OsmosisServerError,
+    OsmosisTimeoutError,
+    OsmosisValidationError,
+)
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
 from rollout_sdk.runner import error_response, run_agent_loop
 from rollout_worker import metrics
@@ -28,6 +37,17 @@ from rollout_worker.execution import CANCELLED, Lease, Refusal, time_limit_messa
 logger = logging.getLogger(__name__)
 
 AGENT_ERROR = "agent_error"  # v1 results carry no error category; a failed one is the agent's
+NOT_DELIVERED = "not delivered: "
+
+
+def delivery_failure(exc: OsmosisRolloutError) -> str:
+    """What the record says about a failed callback: the status or the kind of failure, never
+    the receiver's answer (a foreign endpoint's body must not be stored or returned)."""
+    if isinstance(exc, OsmosisValidationError | OsmosisServerError):
+        return f"failed: the trainer answered HTTP {exc.status_code}"
+    if isinstance(exc, OsmosisTimeoutError):
+        return "failed: the trainer did not answer in time"
+    return "failed: the trainer could not be reached"
 
 
 def terminal_status(response: RolloutResponse) -> Status:
@@ -41,7 +61,7 @@ class V1Carrier:
 
     def __init__(
         self,
-        agent_loop: RolloutAgentLoop,
+        agent_loop: RolloutAgentLoop | None,  # None: this worker only refuses v1 rollouts
         http: HttpClientShards,
         box: SecretBox,
         sdk_settings: RolloutSettings,
@@ -76,14 +96,24 @@ class V1Carrier:
 
     async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
+        if claim.verdict is Verdict.DELIVERING:  # its result exists: never replaced
+            return await self.carry(claim, lease)
         response = error_response(request.rollout_id, refusal.message)
         return await self._deliver(lease, request, response)
+
+    async def fail(self, claim: Claim, message: str, lease: Lease) -> Status | None:
+        response = error_response(claim.record.rollout_id, message)
+        delivery = NOT_DELIVERED + "the record cannot be read"
+        fields = {RecordField.DELIVERY: delivery}
+        advanced = await lease.advance(Status.FAILURE, result=response.wire_json(), fields=fields)
+        return None if advanced is Advance.LOST else Status.FAILURE
 
     async def _run(
         self, claim: Claim, request: RolloutRequest
     ) -> tuple[RolloutResponse, list[dict[str, Any]]]:
         """Run the agent (the trainer hears back whatever happens); with what each of its LLM
         calls returned besides the message."""
+        assert self._agent_loop is not None, "a v1 rollout reached a worker without a v1 agent"
         tools: list[Any] = json.loads(claim.record.response or "{}")["tools"]
         client = self._client(request)
         ctx = RolloutContext(
@@ -113,18 +143,46 @@ class V1Carrier:
         response: RolloutResponse,
         turns: list[dict[str, Any]] | None = None,
     ) -> Status | None:
-        """Store the completion body, then post it."""
+        """Store the completion body, then post it. If the rollout's cancellation was requested
+        meanwhile, the cancelled response is stored and posted instead (never a success)."""
         fields = {RecordField.TURNS: json.dumps(turns or [])}
-        if not await lease.advance(Status.DELIVERING, result=response.wire_json(), fields=fields):
+        cancelled = error_response(request.rollout_id, CANCELLED)
+        advanced = await lease.advance(
+            Status.DELIVERING,
+            result=response.wire_json(),
+            cancelled_result=cancelled.wire_json(),
+            fields=fields,
+        )
+        if advanced is Advance.LOST:
             return None
+        if advanced is Advance.CANCELLED:
+            response = cancelled
         return await self._deliver_stored(lease, request, response)
 
     async def _deliver_stored(
         self, lease: Lease, request: RolloutRequest, response: RolloutResponse
     ) -> Status | None:
+        """Post and record the outcome, shielded: a cancel (an operator's, or the lease's)
+        waits for the delivery instead of cutting a POST the trainer may be reading."""
+        delivery = asyncio.ensure_future(self._post_and_record(lease, request, response))
+        task = asyncio.current_task()
+        while True:
+            try:
+                return await asyncio.shield(delivery)
+            except asyncio.CancelledError:
+                if delivery.cancelled():
+                    raise
+                if task is not None:
+                    task.uncancel()  # seen through first; the outcome says what happened
+                logger.info("rollout %s: cancel waits for its delivery", request.rollout_id)
+
+    async def _post_and_record(
+        self, lease: Lease, request: RolloutRequest, response: RolloutResponse
+    ) -> Status | None:
         delivery = await self._post(request, response)
         status = terminal_status(response)
-        if not await lease.advance(status, fields={RecordField.DELIVERY: delivery}):
+        advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
+        if advanced is Advance.LOST:
             return None
         metrics.rollout_finished(
             PROTOCOL, status, None if status is Status.SUCCESS else AGENT_ERROR
@@ -133,14 +191,16 @@ class V1Carrier:
 
     async def _post(self, request: RolloutRequest, response: RolloutResponse) -> str:
         try:
-            await self._client(request).post_completion(response)
+            await self._client(request).post_completion(
+                response, idempotency_key=request.idempotency_token
+            )
         except OsmosisRolloutError as exc:
             reason = redact(str(exc), request.api_key)
             logger.warning(
                 "rollout %s: completion callback not delivered: %s", request.rollout_id, reason
             )
             metrics.CALLBACKS.labels("failed").inc()
-            return f"failed: {reason}"
+            return delivery_failure(exc)
         metrics.CALLBACKS.labels("delivered").inc()
         return "delivered"
 

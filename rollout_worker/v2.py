@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from rollout_core.protocols.v2 import PROTOCOL, request_from_record
 from rollout_core.secrets import SecretBox
-from rollout_core.store import Claim, Protocol, RecordField, Status, Verdict
+from rollout_core.store import Advance, Claim, Protocol, RecordField, Status, Verdict
 from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
 from rollout_sdk.context import RolloutContext, RolloutProgress
 from rollout_sdk.types import (
@@ -46,14 +46,18 @@ class V2Carrier:
     protocol: Protocol = PROTOCOL
 
     def __init__(
-        self, bundle: WorkflowBundle, box: SecretBox, retention_seconds: float, time_limit: float
+        self,
+        bundle: WorkflowBundle | None,  # None: this worker only refuses v2 rollouts
+        box: SecretBox,
+        retention_seconds: float,
+        time_limit: float,
     ) -> None:
         self.retention_seconds = retention_seconds
         self._bundle = bundle
         self._box = box
         self._time_limit = time_limit  # seconds on this worker; 0: none
         # The workflow config's max_concurrent applies per worker process.
-        limit = bundle.max_concurrent
+        limit = bundle.max_concurrent if bundle is not None else None
         self._slots = asyncio.Semaphore(limit) if limit else None
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
@@ -72,6 +76,10 @@ class V2Carrier:
         if category is None:
             return await self._record(lease, cancelled_result(rollout_id))
         return await self._record(lease, failure_result(rollout_id, refusal.message, category))
+
+    async def fail(self, claim: Claim, message: str, lease: Lease) -> Status | None:
+        internal = RolloutErrorCategory.INTERNAL_ERROR
+        return await self._record(lease, failure_result(claim.record.rollout_id, message, internal))
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
@@ -97,6 +105,7 @@ class V2Carrier:
             rollout_id=request.rollout_id,
             progress=RolloutProgress(status=RolloutStatus.RUNNING, on_status=report),
         )
+        assert self._bundle is not None, "a v2 rollout reached a worker without a v2 workflow"
         execution = request.execution_request()
         waiting_since = time.monotonic()
         async with self._slot():
@@ -126,8 +135,18 @@ class V2Carrier:
     ) -> Status | None:
         status = Status(result.status.value)
         fields = {RecordField.TRAJECTORY: trajectory} if trajectory else {}
-        if not await lease.advance(status, result=result.wire_json(), fields=fields):
+        # A success that comes after a cancel request is stored as cancelled (PROTOCOL.md §2.5).
+        cancelled = cancelled_result(result.rollout_id)
+        advanced = await lease.advance(
+            status,
+            result=result.wire_json(),
+            cancelled_result=cancelled.wire_json(),
+            fields=fields,
+        )
+        if advanced is Advance.LOST:
             return None
+        if advanced is Advance.CANCELLED:
+            result, status = cancelled, Status.CANCELLED
         category = result.err_category.value if result.err_category else None
         metrics.rollout_finished(PROTOCOL, status, category)
         return status

@@ -20,6 +20,7 @@ from rollout_core.settings import FleetSettings
 from rollout_core.store import (
     AdmitOutcome,
     AdmitStart,
+    Advance,
     CancelOutcome,
     PollOutcome,
     RecordField,
@@ -107,20 +108,24 @@ async def test_only_the_lease_holder_finishes_and_terminal_is_sticky(
 ) -> None:
     key = await admitted(store)
     await store.claim(key, "w1", "w1", LEASE, 5)
-    assert not await store.advance(key, "w2", Status.SUCCESS, result="x", retention_seconds=RETAIN)
-    assert await store.advance(key, "w1", Status.DELIVERING, result="R")
-    assert await store.advance(
+    moved = await store.advance(key, "w2", Status.SUCCESS, result="x", retention_seconds=RETAIN)
+    assert moved is Advance.LOST
+    moved = await store.advance(key, "w1", Status.DELIVERING, result="R")
+    assert moved is Advance.MOVED
+    moved = await store.advance(
         key,
         "w1",
         Status.SUCCESS,
         retention_seconds=RETAIN,
         fields={RecordField.DELIVERY: "delivered"},
     )
+    assert moved is Advance.MOVED
     saved = await store.load(key)
     assert (saved.status, saved.result, saved.delivery) == (Status.SUCCESS, "R", "delivered")
     assert not await redis.hexists(key, RecordField.EXECUTION)
     assert (await store.claim(key, "w3", "w3", LEASE, 5)).verdict is Verdict.DONE
-    assert not await store.advance(key, "w1", Status.FAILURE, retention_seconds=RETAIN)
+    moved = await store.advance(key, "w1", Status.FAILURE, retention_seconds=RETAIN)
+    assert moved is Advance.LOST
     assert 0 < await redis.pttl(key) <= RETAIN * 1000
     assert (await store.counts()).finished == 1
 
@@ -140,7 +145,8 @@ async def test_a_lapsed_lease_is_requeued_once_and_taken_over(
     assert (await store.load(key)).status is Status.QUEUED
     second = await store.claim(key, "w2", "w2", LEASE, 5)
     assert (second.verdict, second.attempt) == (Verdict.RUNNING, 2)
-    assert not await store.advance(key, "dead", Status.SUCCESS, retention_seconds=RETAIN)
+    moved = await store.advance(key, "dead", Status.SUCCESS, retention_seconds=RETAIN)
+    assert moved is Advance.LOST
 
 
 async def test_renewal_keeps_a_lease_and_reports_lost_ones(store: RecordStore) -> None:
@@ -150,8 +156,8 @@ async def test_renewal_keeps_a_lease_and_reports_lost_ones(store: RecordStore) -
     await store.claim(theirs, "w2", "w2", LEASE, 5)
     for _ in range(4):
         await asyncio.sleep(LEASE / 2)
-        lost = await store.renew({"w1": mine, "w1:stale": theirs}, LEASE, 60)
-        assert lost == ["w1:stale"]
+        lost, stop = await store.renew({"w1": mine, "w1:stale": theirs}, LEASE, 60)
+        assert (lost, stop) == (["w1:stale"], [])
     assert await store.lapsed_leases(10) == [theirs]  # w2 never renewed
 
 
@@ -164,10 +170,12 @@ async def test_a_reclaim_by_the_same_worker_is_a_new_lease(store: RecordStore) -
     assert await store.requeue(key, "AGAIN")
     await store.claim(key, "w1:b", "w1", LEASE, 5)
     assert (await store.load(key)).worker == "w1"
-    assert await store.renew({"w1:a": key, "w1:b": key}, LEASE, 60) == ["w1:a"]
-    assert not await store.advance(key, "w1:a", Status.CANCELLED, retention_seconds=RETAIN)
+    assert await store.renew({"w1:a": key, "w1:b": key}, LEASE, 60) == (["w1:a"], [])
+    moved = await store.advance(key, "w1:a", Status.CANCELLED, retention_seconds=RETAIN)
+    assert moved is Advance.LOST
     assert not await store.release(key, "w1:a", "BACK")
-    assert await store.advance(key, "w1:b", Status.SUCCESS, retention_seconds=RETAIN)
+    moved = await store.advance(key, "w1:b", Status.SUCCESS, retention_seconds=RETAIN)
+    assert moved is Advance.MOVED
     assert (await store.load(key)).status is Status.SUCCESS
 
 
@@ -213,7 +221,8 @@ async def test_a_hand_off_requeues_at_once_without_counting_an_attempt(
     assert saved[RecordField.HANDOFFS] == "1"
     assert RecordField.EXECUTION not in saved
     assert await store.lapsed_leases(10) == []  # no lease left for a sweeper to find
-    assert not await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
+    moved = await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
+    assert moved is Advance.LOST
     taken = await store.claim(key, "w2", "w2", 60, 5)
     assert (taken.verdict, taken.attempt) == (Verdict.RUNNING, 1)
 
@@ -229,8 +238,10 @@ async def test_a_rollout_delivering_its_result_is_not_handed_back(store: RecordS
 async def test_a_terminal_record_counts_one_termination(store: RecordStore, redis: Redis) -> None:
     key = await admitted(store)
     await store.claim(key, "w1", "w1", LEASE, 5)
-    assert await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
-    assert not await store.advance(key, "w1", Status.FAILURE, retention_seconds=RETAIN)
+    moved = await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
+    assert moved is Advance.MOVED
+    moved = await store.advance(key, "w1", Status.FAILURE, retention_seconds=RETAIN)
+    assert moved is Advance.LOST
     assert await redis.hget(key, RecordField.TERMINATIONS) == "1"
 
 
@@ -257,7 +268,7 @@ async def test_a_v2_admission_sent_twice_is_one_admission(store: RecordStore, re
 
 
 async def test_v2_admissions_are_refused_while_fenced(store: RecordStore) -> None:
-    await store.fence_admissions()
+    await store.fence_admissions(60)
     assert await store.admissions_fenced()
     assert await v2_admit(store, "r1", "d1") is AdmitOutcome.DRAINING
     await store.lift_fence()
@@ -435,3 +446,59 @@ async def test_lapsed_leases_wait_one_lease_after_a_redis_restart() -> None:
     finally:
         await store.aclose()
         server.stop()
+
+
+# --- issue 14's findings, at the level of the scripts ------------------------------------------
+
+
+async def test_f08_a_lapsed_delivery_is_delivered_never_exhausted(store: RecordStore) -> None:
+    """Finding 8: past max_attempts, a delivering rollout keeps its stored result."""
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", LEASE, 1)
+    await store.advance(key, "w1", Status.DELIVERING, result="COMPLETED")
+    await asyncio.sleep(LEASE + 0.05)
+    assert await store.requeue(key, "AGAIN")
+    again = await store.claim(key, "w2", "w2", LEASE, 1)
+    assert (again.verdict, again.attempt, again.record.result) == (
+        Verdict.DELIVERING,
+        2,
+        "COMPLETED",
+    )
+
+
+async def test_f16_a_repeated_claim_answers_as_the_first(store: RecordStore) -> None:
+    """Finding 16: a claim run again after its reply was lost is not ``busy``."""
+    key = await admitted(store)
+    first = await store.claim(key, "w1:a", "w1", LEASE, 5)
+    repeat = await store.claim(key, "w1:a", "w1", LEASE, 5)
+    assert (
+        (repeat.verdict, repeat.attempt) == (first.verdict, first.attempt) == (Verdict.RUNNING, 1)
+    )
+    assert (await store.claim(key, "w2:b", "w2", LEASE, 5)).verdict is Verdict.BUSY
+
+
+async def test_f07_renewal_reports_a_cancel_and_a_late_success_is_cancelled(
+    store: RecordStore,
+) -> None:
+    """Finding 7: a stop message is only the fast path. Renewal reports the cancel request,
+    and a success written after it is stored as the cancelled result instead."""
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", 3, 5)
+    assert await store.cancel({key: ""}, RETAIN) == {key: CancelOutcome.CANCELLED_RUNNING}
+    assert await store.renew({"w1": key}, 3, 60) == ([], ["w1"])
+    moved = await store.advance(
+        key, "w1", Status.SUCCESS, result="WON", cancelled_result="STOPPED", retention_seconds=60
+    )
+    assert moved is Advance.CANCELLED
+    saved = await store.load(key)
+    assert (saved.status, saved.result) == (Status.CANCELLED, "STOPPED")
+
+
+async def test_f03_cancel_of_a_delivering_rollout_answers_finished(store: RecordStore) -> None:
+    """Finding 3: a delivering rollout has its result; a cancel neither stops nor marks it."""
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", 3, 5)
+    await store.advance(key, "w1", Status.DELIVERING, result="COMPLETED")
+    assert await store.cancel({key: ""}, RETAIN) == {key: CancelOutcome.FINISHED}
+    assert (await store.load(key)).cancel_requested is False
+    assert await store.renew({"w1": key}, 3, 60) == ([], [])

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from rollout_core import tracing
-from rollout_core.secrets import SecretBox
+from rollout_core.secrets import SecretBox, SecretUnreadable
 from rollout_core.store import Protocol, RecordField, RolloutRecord
 
 Request = TypeVar("Request", bound=BaseModel)
+
+
+class UnreadableRecord(ValueError):
+    """A record no worker of this fleet can run: its request does not parse (a rolling
+    upgrade changed the shape) or its API key does not open. Retrying cannot help: the rollout
+    fails with this message."""
 
 
 def admission_fields(
@@ -39,11 +45,21 @@ def request_of(
 ) -> Request:
     """The admitted request a record holds, its API key unsealed."""
     if record.request is None:
-        raise ValueError("the record holds no request")
-    request = model.model_validate_json(record.request, context=context)
+        raise UnreadableRecord("the rollout's record holds no request")
+    try:
+        request = model.model_validate_json(record.request, context=context)
+    except ValidationError as exc:
+        raise UnreadableRecord(
+            f"the stored request no longer parses as a {model.__name__} "
+            f"({exc.error_count()} errors; first: {exc.errors()[0]['msg']})"
+        ) from None
     if record.secret is not None:
-        request = request.model_copy(update={secret_field: box.open(record.secret)})
+        try:
+            secret = box.open(record.secret)
+        except SecretUnreadable as exc:
+            raise UnreadableRecord(str(exc)) from None
+        request = request.model_copy(update={secret_field: secret})
     return request
 
 
-__all__ = ["admission_fields", "request_of"]
+__all__ = ["UnreadableRecord", "admission_fields", "request_of"]

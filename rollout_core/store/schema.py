@@ -139,6 +139,14 @@ class CancelOutcome(StrEnum):
     UNKNOWN = "unknown"
 
 
+class Advance(StrEnum):
+    """What moving a rollout on did (``advance``)."""
+
+    MOVED = "moved"
+    CANCELLED = "cancelled"  # cancel was requested: the cancelled result was stored instead
+    LOST = "lost"  # this execution no longer holds the rollout: nothing was written
+
+
 class Verdict(StrEnum):
     """What a worker's claim found (``claim``)."""
 
@@ -161,6 +169,7 @@ LUA_VOCABULARY: Mapping[str, type[StrEnum]] = {
     "POLL": PollOutcome,
     "CANCEL": CancelOutcome,
     "VERDICT": Verdict,
+    "ADVANCE": Advance,
 }
 LUA_SETS: Mapping[str, frozenset[Status]] = {"TERMINAL": TERMINAL, "HELD": HELD, "WAITING": WAITING}
 
@@ -292,6 +301,7 @@ __all__ = [
     "WAITING",
     "AdmitOutcome",
     "AdmitStart",
+    "Advance",
     "CancelOutcome",
     "Keys",
     "PollOutcome",

@@ -45,6 +45,7 @@ from rollout_core.store.schema import (
     WAITING,
     AdmitOutcome,
     AdmitStart,
+    Advance,
     CancelOutcome,
     Keys,
     PollOutcome,
@@ -284,8 +285,9 @@ class RecordStore:
             _, deployment = await pipe.execute()
         return cast(str, deployment)
 
-    async def fence_admissions(self) -> None:
-        await self._redis.set(self.keys.draining, "1")
+    async def fence_admissions(self, ttl_seconds: float) -> None:
+        """Refuse admissions fleet-wide for ``ttl_seconds`` (a forgotten fence expires)."""
+        await self._redis.set(self.keys.draining, "1", px=_ms(ttl_seconds))
 
     async def lift_fence(self) -> None:
         await self._redis.delete(self.keys.draining)
@@ -386,13 +388,14 @@ class RecordStore:
 
     async def renew(
         self, leases: Mapping[str, RecordKey], lease_seconds: float, inflight_ttl_seconds: float
-    ) -> list[str]:
+    ) -> tuple[list[str], list[str]]:
         """Extend each ``execution → record`` lease still held; returns the executions that
-        lost theirs."""
+        lost theirs, and the ones whose rollout's cancellation was requested."""
         if not leases:
-            return []
+            return [], []
         args = [_ms(lease_seconds), _ms(inflight_ttl_seconds), *leases]
-        return list(await self._run("renew", list(leases.values()), args))
+        lost, stop = await self._run("renew", list(leases.values()), args)
+        return list(lost), list(stop)
 
     async def advance(
         self,
@@ -402,12 +405,21 @@ class RecordStore:
         *,
         result: str = "",
         retention_seconds: float = 0,
+        cancelled_result: str = "",
         fields: Mapping[RecordField, str] | None = None,
-    ) -> bool:
-        """Move the rollout to ``status`` (a terminal one keeps the record ``retention_seconds``);
-        False if ``execution`` no longer holds it."""
-        args = [execution, status.value, result, _ms(retention_seconds), *_flatten(fields or {})]
-        return bool(await self._run("advance", [key], args))
+    ) -> Advance:
+        """Move the rollout to ``status`` (a terminal one keeps the record ``retention_seconds``).
+        If its cancellation was requested, a success (or a result about to be delivered) is
+        replaced by ``cancelled_result`` when one is given."""
+        args = [
+            execution,
+            status.value,
+            result,
+            _ms(retention_seconds),
+            cancelled_result,
+            *_flatten(fields or {}),
+        ]
+        return Advance(await self._run("advance", [key], args))
 
     async def release(
         self, key: RecordKey, execution: str, message: str, abandon: str = ""

@@ -20,7 +20,11 @@ from tests.harness import REPO
 BIN = Path(sys.executable).parent  # the virtualenv's scripts: check-jsonschema, hadolint
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILES = ("Dockerfile.gateway", "Dockerfile.worker")
-REQUIRED = {"REDIS_PASSWORD": "pw0123456789", "FLOWER_BASIC_AUTH": "admin:secret"}
+REQUIRED = {
+    "REDIS_PASSWORD": "pw0123456789",
+    "FLOWER_BASIC_AUTH": "admin:secret",
+    "ROLLOUT_FLEET_API_KEY": "server-key-0123",  # finding 18: open by default no more
+}
 
 
 def compose_config(folder: Path) -> subprocess.CompletedProcess[str]:

@@ -1,22 +1,33 @@
 -- Move a rollout on (to a later status, terminal or not); only its lease holder may.
--- Terminal statuses go through terminate().
+-- Terminal statuses go through terminate(). Once cancel was requested a rollout never ends
+-- in success (PROTOCOL.md §2.5), however late the request came: a success (or a v1 result
+-- about to be delivered) is replaced by the cancelled result the caller supplies, if any.
 -- KEYS: record
--- ARGV: execution, status, result ('' keeps the stored one), ttl_ms, field, value, ...
--- -> 1, or 0 when this execution no longer holds the rollout (its result is discarded)
-local fields = redis.call('HMGET', KEYS[1], FIELD.execution, FIELD.status)
+-- ARGV: execution, status, result ('' keeps the stored one), ttl_ms, cancelled_result ('':
+--       none), field, value, ...
+-- -> ADVANCE.moved | ADVANCE.cancelled (the cancelled result was stored instead)
+--    | ADVANCE.lost (this execution no longer holds the rollout: its result is discarded)
+local fields = redis.call('HMGET', KEYS[1], FIELD.execution, FIELD.status, FIELD.cancel_requested)
 if fields[1] ~= ARGV[1] or not HELD[fields[2]] then
-  return 0
+  return ADVANCE.lost
 end
-if #ARGV > 4 then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+local status, result, outcome = ARGV[2], ARGV[3], ADVANCE.moved
+if fields[3] and ARGV[5] ~= '' and (status == STATUS.success or status == STATUS.delivering) then
+  result, outcome = ARGV[5], ADVANCE.cancelled
+  if status == STATUS.success then
+    status = STATUS.cancelled
+  end
 end
-if TERMINAL[ARGV[2]] then
-  terminate(KEYS[1], ARGV[2], ARGV[3], ARGV[4])
-  return 1
+if #ARGV > 5 then
+  redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 end
-redis.call('HSET', KEYS[1], FIELD.status, ARGV[2])
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], FIELD.result, ARGV[3])
+if TERMINAL[status] then
+  terminate(KEYS[1], status, result, ARGV[4])
+  return outcome
+end
+redis.call('HSET', KEYS[1], FIELD.status, status)
+if result ~= '' then
+  redis.call('HSET', KEYS[1], FIELD.result, result)
 end
 redis.call('PUBLISH', CHANGES, KEYS[1])
-return 1
+return outcome

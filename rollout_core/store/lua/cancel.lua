@@ -8,7 +8,9 @@ local status = redis.call('HGET', KEYS[1], FIELD.status)
 if not status or status == STATUS.admitting then
   return CANCEL.unknown
 end
-if TERMINAL[status] then
+-- A delivering v1 rollout has its result, and its callback may be on the wire: stopping it
+-- could only make the trainer hear twice. It counts as finished.
+if TERMINAL[status] or status == STATUS.delivering then
   return CANCEL.finished
 end
 if status == STATUS.queued and ARGV[2] ~= '' then

@@ -1,4 +1,6 @@
 -- A worker takes a rollout: only if it is queued, or its previous holder's lease lapsed.
+-- A repeat of this same claim (its first reply was lost, the client ran it again) answers
+-- as the first did, without counting another attempt.
 -- KEYS: record   ARGV: execution (this execution's lease), worker (its process), lease_ms,
 --                      max_attempts
 -- -> {VERDICT.missing} | {VERDICT.done} | {VERDICT.busy}
@@ -8,7 +10,7 @@
 --             fail it), VERDICT.abandoned (a worker gave it up, its reason in the record)
 local now = now_ms()
 local fields = redis.call('HMGET', KEYS[1], FIELD.status, FIELD.accepted_at,
-                          FIELD.cancel_requested, FIELD.abandon_reason)
+                          FIELD.cancel_requested, FIELD.abandon_reason, FIELD.execution)
 local status = fields[1]
 if not status or status == STATUS.admitting then
   return {VERDICT.missing}
@@ -16,31 +18,38 @@ end
 if TERMINAL[status] then
   return {VERDICT.done}
 end
-if status ~= STATUS.queued then
+local repeated = fields[5] == ARGV[1] and HELD[status]
+if status ~= STATUS.queued and not repeated then
   local expiry = redis.call('ZSCORE', LEASES, KEYS[1])
   if expiry and tonumber(expiry) > now then
     return {VERDICT.busy}
   end
 end
-local attempt = redis.call('HINCRBY', KEYS[1], FIELD.attempt, 1)
 local phase = STATUS.running
 if status == STATUS.delivering then
   phase = STATUS.delivering
 end
-redis.call('HSET', KEYS[1], FIELD.status, phase, FIELD.execution, ARGV[1], FIELD.worker, ARGV[2],
-           FIELD.claimed_at, now)
-redis.call('HSETNX', KEYS[1], FIELD.started_at, now)
-redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
-if status ~= phase then
-  redis.call('PUBLISH', CHANGES, KEYS[1])
+local attempt
+if repeated then
+  attempt = tonumber(redis.call('HGET', KEYS[1], FIELD.attempt))
+else
+  attempt = redis.call('HINCRBY', KEYS[1], FIELD.attempt, 1)
+  redis.call('HSET', KEYS[1], FIELD.status, phase, FIELD.execution, ARGV[1],
+             FIELD.worker, ARGV[2], FIELD.claimed_at, now)
+  redis.call('HSETNX', KEYS[1], FIELD.started_at, now)
+  redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
+  if status ~= phase then
+    redis.call('PUBLISH', CHANGES, KEYS[1])
+  end
 end
+-- A delivering rollout has its result: it is delivered, never refused (a refusal would
+-- replace a result the trainer may already have received).
 local verdict = VERDICT.running
 if phase == STATUS.delivering then
   verdict = VERDICT.delivering
-end
-if fields[3] and phase == STATUS.running then
+elseif fields[3] then
   verdict = VERDICT.cancelled
-elseif fields[4] and phase == STATUS.running then
+elseif fields[4] then
   verdict = VERDICT.abandoned
 elseif attempt > tonumber(ARGV[4]) then
   verdict = VERDICT.exhausted

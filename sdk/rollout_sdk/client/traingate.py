@@ -84,6 +84,7 @@ _observers: list[CallObserver] = []
 
 # Request extension naming a request's retry attempt (0: first try); observers read it.
 ATTEMPT_EXTENSION = "rollout_sdk.attempt"
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # on completion callbacks: the rollout's idempotency key
 
 
 def observe_traingate_calls(observer: CallObserver) -> None:
@@ -307,17 +308,25 @@ class OsmosisLLMClient:
             )
         )
 
-    async def post_completion(self, response: RolloutResponse) -> None:
-        """Deliver a finished rollout to ``{server_url}/v1/rollout/completed``."""
+    async def post_completion(
+        self, response: RolloutResponse, *, idempotency_key: str | None = None
+    ) -> None:
+        """Deliver a finished rollout to ``{server_url}/v1/rollout/completed``.
+
+        ``idempotency_key`` goes out as the ``Idempotency-Key`` header, the same on every
+        attempt and every repeat, so a receiver can drop a callback it already has.
+        """
+        extra = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else {}
         await self._post(
             "/v1/rollout/completed",
             response.wire_json(),
             retries=self.complete_rollout_retries,
             is_success=_is_2xx,
+            headers=extra,
         )
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", **(extra or {})}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
@@ -331,7 +340,13 @@ class OsmosisLLMClient:
         return min(self._retry_base_delay * math.pow(2, attempt), self._retry_max_delay)
 
     async def _post(
-        self, path: str, body: str, *, retries: int, is_success: Callable[[int], bool]
+        self,
+        path: str,
+        body: str,
+        *,
+        retries: int,
+        is_success: Callable[[int], bool],
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """POST with the spec's retry policy: retry 5xx, timeouts and transport errors."""
         url = self.server_url + path
@@ -344,7 +359,7 @@ class OsmosisLLMClient:
                 response = await self._client().post(
                     url,
                     content=body,
-                    headers=self._headers(),
+                    headers=self._headers(headers),
                     timeout=timeout,
                     extensions={ATTEMPT_EXTENSION: attempt},
                 )
@@ -377,6 +392,7 @@ class OsmosisLLMClient:
 
 __all__ = [
     "ATTEMPT_EXTENSION",
+    "IDEMPOTENCY_HEADER",
     "CallObserver",
     "CompletionsResult",
     "HttpClientShards",
