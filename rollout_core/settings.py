@@ -81,14 +81,16 @@ class FleetSettings(BaseSettings):
     )
     result_retention_seconds: float = Field(
         900,
-        ge=0,
+        gt=0,
         description="v2: how long a finished result stays readable (then 404, id reusable).",
     )
     max_queued: int = Field(
         10_000, ge=1, description="v2: queued rollouts beyond which admission answers 429."
     )
     inflight_ttl_seconds: float = Field(
-        86_400, gt=0, description="Safety TTL of a record that is queued or running."
+        86_400,
+        gt=0,
+        description="Safety TTL of a queued or running record (renewed while it waits).",
     )
     lease_seconds: float = Field(
         15, gt=0, description="A worker holds a rollout this long without renewing it."
@@ -203,6 +205,16 @@ class FleetSettings(BaseSettings):
             raise ValueError(
                 "loop_stall_seconds must be below lease_seconds: a worker must notice its "
                 "blocked loop before other workers take its rollouts over"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _long_poll_within_lease(self) -> Self:
+        if self.result_wait_timeout_seconds >= self.polling_lease_timeout_seconds:
+            raise ValueError(
+                "result_wait_timeout_seconds must be below polling_lease_timeout_seconds: a "
+                "long-poll waiting longer than the polling lease lets every rollout expire "
+                "while its trainer waits"
             )
         return self
 

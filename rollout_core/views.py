@@ -63,6 +63,10 @@ def _outcome(record: RolloutRecord) -> dict[str, Any]:
     }
 
 
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
 def view_of(record: RolloutRecord, now_ms: int | None = None) -> RolloutView:
     """A record (with or without its result) as a :class:`RolloutView`."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -91,7 +95,7 @@ async def find(
 ) -> RolloutView | None:
     """A rollout by its id (v1: its idempotency key), in either protocol unless one is given."""
     record = await store.find(record_id, (protocol,) if protocol else PROTOCOLS)
-    return view_of(record) if record is not None else None
+    return view_of(record, _ms(await store.clock())) if record is not None else None
 
 
 async def listing(
@@ -104,7 +108,7 @@ async def listing(
 ) -> list[RolloutView]:
     """Rollouts the fleet holds (unfinished, and finished within retention), newest first,
     filtered by status and by age since admission (seconds)."""
-    now_ms = int(time.time() * 1000)
+    now_ms = _ms(await store.clock())  # Redis's clock, the one the records' times are in
     views = []
     for record in await store.summaries():
         view = view_of(record, now_ms)

@@ -47,6 +47,23 @@ app.add_typer(probe, name="probe")
 console = Console()
 
 
+def _check_settings() -> None:
+    """Refuse to start on settings that cannot work, with one line per problem and never the
+    values (a Redis URL holds a password)."""
+    from pydantic import ValidationError
+
+    from rollout_core.settings import FleetSettings
+
+    try:
+        FleetSettings()
+    except ValidationError as exc:
+        for error in exc.errors(include_input=False, include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            field = f"ROLLOUT_FLEET_{where.upper()}: " if where else ""
+            console.print(f"[red]invalid setting[/red] {field}{error['msg']}", soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 @probe.command("gateway")
 def probe_gateway(
     port: Annotated[int, typer.Option(help="Gateway port")] = 8000,
@@ -104,10 +121,11 @@ def gateway(
     from rollout_core.settings import FleetSettings
     from rollout_gateway.limits import open_bind_refusal
 
+    _check_settings()
     settings = FleetSettings()
     refusal = open_bind_refusal(host, settings.api_key is not None, settings.insecure_open_gateway)
     if refusal is not None:
-        console.print(f"[red]{refusal}[/red]")
+        console.print(f"[red]{refusal}[/red]", soft_wrap=True)
         raise typer.Exit(2)
     if workers > 1 and MULTIPROC_ENV not in os.environ:
         # Processes sharing the port share their metrics: any of them answers a scrape.
@@ -140,6 +158,7 @@ def worker(
     ] = None,
 ) -> None:
     """Run one worker process: a Celery consumer driving rollouts on one asyncio loop."""
+    _check_settings()
     from rollout_core.queue.celery_app import settings
     from rollout_worker.tasks import run_worker
 

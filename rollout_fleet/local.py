@@ -197,12 +197,17 @@ class LocalFleet:
             wait_until(lambda: port_open(self.mock_trainer_port), timeout, "the mock TrainGate")
 
     def stop(self) -> None:
-        """Every process shuts down at once; then each is waited for (killed if it hangs)."""
-        processes = list(self.processes.values())
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.stop()
+        """Every fleet process shuts down at once; then each is waited for (killed if it
+        hangs). The mock TrainGate goes last: a worker finishing its rollouts in its grace
+        period still needs it (stopped with them, it left those rollouts retrying calls
+        until the grace ran out)."""
+        last = [p for name, p in self.processes.items() if name == "mock-trainer"]
+        fleet = [p for p in self.processes.values() if p not in last]
+        for group in (fleet, last):
+            for process in group:
+                process.terminate()
+            for process in group:
+                process.stop()
 
     def speaks_v2(self) -> bool:
         """A v2 gateway's health names its deployment (``process_id``); a v1 one does not."""

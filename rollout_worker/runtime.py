@@ -273,7 +273,7 @@ class WorkerRuntime:
             pid=os.getpid(),
             concurrency=self.concurrency,
             inflight=len(executor.leases),
-            at=time.time(),
+            at=await self._on_loop.store.clock(),
         )
         await self._on_loop.store.beat(beat, max(3, int(self.settings.lease_seconds)))
         if self.consuming():

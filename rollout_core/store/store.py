@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, cast
@@ -256,14 +255,23 @@ class RecordStore:
 
     async def v2_ids(self, prefix: str = "") -> list[str]:
         """Rollout ids the fleet holds (admitted and not evicted), optionally by prefix."""
-        low = f"[{prefix}" if prefix else "-"
-        high = f"[{prefix}\xff" if prefix else "+"
+        if not prefix:
+            return cast(list[str], await self._redis.zrangebylex(self.keys.v2_ids, "-", "+"))
+        # Bytes: the byte 0xff follows every UTF-8 continuation of the prefix (as a str,
+        # "\xff" would be encoded as c3 bf and miss ids going on with U+0100 and above).
+        low, high = b"[" + prefix.encode(), b"[" + prefix.encode() + b"\xff"
         return cast(list[str], await self._redis.zrangebylex(self.keys.v2_ids, low, high))
 
     # --- fleet-wide state (gateway: health, drain, metrics) -------------------------------
 
+    async def clock(self) -> float:
+        """Redis's time, in seconds: the one clock every host of the fleet agrees on (the
+        scripts use it too), so skew between hosts cannot make workers vanish or linger."""
+        seconds, micros = await self._redis.time()
+        return seconds + micros / 1_000_000
+
     async def counts(self) -> FleetCounts:
-        now_ms = _ms(time.time())
+        now_ms = _ms(await self.clock())
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.zcard(self.keys.active)
             pipe.zcard(self.keys.leases)
@@ -305,7 +313,7 @@ class RecordStore:
         if key is not None:
             accepted = (await self.load(RecordKey(key), RecordField.ACCEPTED_AT)).accepted_at
             if accepted is not None:
-                age = max(0.0, time.time() - accepted / 1000)
+                age = max(0.0, await self.clock() - accepted / 1000)
         return FleetFigures(
             queue_depth=int(depth),
             oldest_queued_seconds=round(age, 3),
@@ -432,7 +440,7 @@ class RecordStore:
 
     async def beat(self, beat: WorkerBeat, ttl_seconds: int) -> None:
         """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself)."""
-        now = time.time()
+        now = await self.clock()
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.worker(beat.worker), beat.model_dump_json(), ex=ttl_seconds)
             pipe.zadd(self.keys.workers, {beat.worker: now + ttl_seconds})
@@ -448,9 +456,8 @@ class RecordStore:
 
     async def live_workers(self) -> FleetWorkers:
         """The latest beat of every worker whose heartbeat has not lapsed."""
-        names = cast(
-            list[str], await self._redis.zrangebyscore(self.keys.workers, time.time(), "+inf")
-        )
+        now = await self.clock()
+        names = cast(list[str], await self._redis.zrangebyscore(self.keys.workers, now, "+inf"))
         if not names:
             return FleetWorkers()
         beats = await self._redis.mget([self.keys.worker(name) for name in names])
@@ -560,9 +567,10 @@ class RecordStore:
             expired = await pipe.execute()
         return sum(map(int, expired))
 
-    async def prune(self, inflight_ttl_seconds: float) -> None:
-        """Drop the index entries of records whose TTL ran out."""
-        await self._run("prune", [], [_ms(inflight_ttl_seconds)])
+    async def prune(self, inflight_ttl_seconds: float, batch: int = 1000) -> None:
+        """Drop the index entries of records whose TTL ran out; renew the TTL of up to
+        ``batch`` rollouts that have waited half of it (a backlog must not expire)."""
+        await self._run("prune", [], [_ms(inflight_ttl_seconds), batch])
 
 
 __all__ = [

@@ -1,5 +1,7 @@
--- Drop index entries of records whose TTL ran out.
--- ARGV: inflight_ttl_ms
+-- Drop index entries of records whose TTL ran out, and keep waiting rollouts alive: a record
+-- admitted longer ago than half the in-flight TTL that still waits (a long backlog) gets a
+-- fresh TTL, so no admitted rollout expires before a worker takes it.
+-- ARGV: inflight_ttl_ms, batch
 local now = now_ms()
 for _, record in ipairs(redis.call('ZRANGEBYSCORE', FINISHED, '-inf', now)) do
   -- An id admitted again after eviction keeps its index entry.
@@ -9,5 +11,15 @@ for _, record in ipairs(redis.call('ZRANGEBYSCORE', FINISHED, '-inf', now)) do
   end
 end
 redis.call('ZREMRANGEBYSCORE', FINISHED, '-inf', now)
-redis.call('ZREMRANGEBYSCORE', ACTIVE, '-inf', now - tonumber(ARGV[1]))
+local ttl = tonumber(ARGV[1])
+local aging = redis.call('ZRANGEBYSCORE', ACTIVE, '-inf', now - ttl / 2, 'LIMIT', 0, ARGV[2])
+for _, record in ipairs(aging) do
+  local status = redis.call('HGET', record, FIELD.status)
+  if status and not TERMINAL[status] then
+    redis.call('PEXPIRE', record, ttl)
+    redis.call('ZADD', ACTIVE, now, record)
+  else
+    redis.call('ZREM', ACTIVE, record)
+  end
+end
 return 1

@@ -1,0 +1,69 @@
+"""Settings at their edges and selectors at theirs (issue 14, findings 12 and 15), on real
+gateway and worker processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from rollout_fleet.local import fleet_command
+from rollout_fleet.processes import free_port
+from rollout_fleet.redis_server import RedisServer
+from tests.conftest import V2_ENV, StartFleet
+from tests.harness import SCRIPTED_V2_AGENT, V2FleetUnderTest, new_id, script
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "says"),
+    [
+        ("RESULT_WAIT_TIMEOUT_SECONDS", "120", "polling_lease_timeout_seconds"),
+        ("RESULT_RETENTION_SECONDS", "0", "greater than 0"),
+    ],
+)
+@pytest.mark.parametrize("command", ["gateway", "worker"])
+def test_f12_a_setting_that_breaks_the_fleet_refuses_to_start(
+    redis_server: RedisServer, command: str, setting: str, value: str, says: str
+) -> None:
+    """Before: ``result_wait_timeout`` ≥ the polling lease answered every admission 500 and
+    ``result_retention`` 0 deleted every result; both started without a word."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
+    env |= {
+        "REDIS_URL": f"redis://:planted-pw@127.0.0.1:{redis_server.port}/950",
+        "AGENT": SCRIPTED_V2_AGENT,
+        f"ROLLOUT_FLEET_{setting}": value,
+    }
+    argv = fleet_command(command, *(["--port", str(free_port())] if command == "gateway" else []))
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    output = run.stdout + run.stderr
+    assert run.returncode == 2, output
+    assert says in output
+    assert "Traceback" not in output
+    assert "planted-pw" not in output
+
+
+def test_f12_a_v1_backlog_older_than_the_inflight_ttl_is_still_run(start_fleet: StartFleet) -> None:
+    """One slot, a 10 s rollout holding it, and a 4 s in-flight TTL: the rollout waiting
+    behind it outlives its first TTL (before: it expired in the queue; nobody was told)."""
+    env = {"ROLLOUT_FLEET_INFLIGHT_TTL_SECONDS": "4"}
+    handle = start_fleet(workers=1, concurrency=1, env=env)
+    slow, waiting = new_id("slow"), new_id("backlog")
+    body = handle.body(slow, metadata=script({"sleep": 10}))
+    assert handle.init(body).status_code == 202
+    handle.wait_status(slow, {"running"})
+    assert handle.init(handle.body(waiting)).status_code == 202
+    deliveries = handle.wait_delivered([slow, waiting], timeout=60)
+    assert [c["status"] for c in deliveries[waiting]] == ["COMPLETED"]
+
+
+def test_f15_cancel_by_prefix_reaches_ids_going_on_past_latin_1(start_fleet: StartFleet) -> None:
+    handle = start_fleet(SCRIPTED_V2_AGENT, workers=0, env=V2_ENV, handle=V2FleetUnderTest)
+    assert isinstance(handle, V2FleetUnderTest)
+    group = f"grp-{new_id()}-"
+    ids = [f"{group}a", f"{group}é", f"{group}Ā", f"{group}漢", f"{group}🙂"]
+    for rollout_id in ids:
+        handle.admitted(rollout_id=rollout_id)
+    response = handle.http.post("/rollout/cancel", json={"prefix": group})
+    assert response.status_code == 200, response.text
+    assert response.json()["dispositions"] == dict.fromkeys(ids, "cancelled_queued")
