@@ -47,6 +47,11 @@ class FleetSettings(BaseSettings):
         "who reaches the port may admit, cancel and drain rollouts. Only on a network where "
         "every client is trusted.",
     )
+    allow_redis_data_loss: bool = Field(
+        False,
+        description="Run on a Redis that can lose admitted rollouts (an eviction policy other "
+        "than noeviction, or no persistence); without it every gateway and worker refuses.",
+    )
     drain_fence_seconds: float = Field(
         3600,
         gt=0,

@@ -40,7 +40,7 @@ class RedisServer:
     """A redis-server on a free loopback port, in its own temporary directory."""
 
     port: int = field(default_factory=free_port)
-    appendonly: bool = False
+    appendonly: bool = True  # the fleet refuses a Redis that keeps nothing
     password: str | None = None
     databases: int = 16
     tls: TlsFiles | None = None  # serve TLS only (rediss://); needs a binary built with TLS

@@ -19,6 +19,7 @@ from fastapi.params import Depends as Dependency
 from fastapi.responses import JSONResponse
 
 from rollout_core import tracing
+from rollout_core.durability import refuse_data_loss
 from rollout_core.queue import celery_app
 from rollout_core.secrets import load_secret_box
 from rollout_core.settings import FleetSettings
@@ -99,6 +100,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RecordStore.connect(settings)
+        await refuse_data_loss(store, settings)
         tools_pool = ThreadPoolExecutor(settings.get_tools_threads, thread_name_prefix="get-tools")
         gateway = Gateway(
             settings=settings,

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol as Interface
 
@@ -183,12 +183,13 @@ class Executor:
         """Each running rollout's task (a copy: the loop-watchdog thread reads it too)."""
         return {e.key: e.task for e in list(self._executions.values())}
 
-    async def execute(self, key: RecordKey) -> str:
-        """Run one delivery of ``rollout.run``; returns a short outcome for Flower."""
+    async def execute(self, key: RecordKey, task_id: str = "") -> str:
+        """Run one delivery of ``rollout.run`` (Celery task ``task_id``); returns a short
+        outcome for Flower."""
         with logs.about(self.store.keys.record_id(key)):
-            return await self._execute(key)
+            return await self._execute(key, task_id)
 
-    async def _execute(self, key: RecordKey) -> str:
+    async def _execute(self, key: RecordKey, task_id: str) -> str:
         execution = f"{self.worker}:{uuid.uuid4().hex[:8]}"
         claim = await self.store.claim(
             key,
@@ -196,6 +197,7 @@ class Executor:
             self.worker,
             self._settings.lease_seconds,
             self._settings.max_attempts,
+            task_id,
         )
         if not claim.acquired:
             logger.info("%s: not run (%s)", key, claim.verdict)
@@ -210,7 +212,7 @@ class Executor:
         started = time.monotonic()
         metrics.INFLIGHT.inc()
         # Registered only inside the try: whatever fails, the heartbeat stops renewing it.
-        self._executions[execution] = _Execution(key, task)
+        self._executions[execution] = _Execution(key, task, task_id)
         try:
             carrier = self._carriers[protocol]
             lease = Lease(self.store, key, execution, carrier.retention_seconds)
@@ -274,6 +276,14 @@ class Executor:
             task.cancel()
         return bool(tasks)
 
+    def cancel_revoked(self, revoked: Container[str]) -> list[RecordKey]:
+        """Stop the executions running under a revoked Celery task id; their rollouts."""
+        hit = [e for e in list(self._executions.values()) if e.task_id and e.task_id in revoked]
+        for running in hit:
+            if not running.task.cancelling():
+                running.task.cancel()
+        return [running.key for running in hit]
+
     async def renew_leases(self) -> None:
         """Extend the lease of every execution running here; cancel the ones that lost it and
         the ones whose cancellation was requested (in case its stop message was missed)."""
@@ -299,6 +309,7 @@ class Executor:
 class _Execution:
     key: RecordKey
     task: asyncio.Task[object]
+    task_id: str  # the Celery task id it runs under ("" when none)
 
 
 __all__ = [

@@ -22,8 +22,9 @@ from wsgiref.simple_server import WSGIServer
 from celery import Celery
 from celery.worker import state as worker_state
 
+from rollout_core.durability import refuse_data_loss
 from rollout_core.protocols import cancelled_result
-from rollout_core.queue.envelope import task_id_for, task_message
+from rollout_core.queue.envelope import task_message
 from rollout_core.secrets import SecretBox, load_secret_box
 from rollout_core.settings import FleetSettings
 from rollout_core.store import Protocol, RecordKey, RecordStore, StoreError, WorkerBeat
@@ -87,6 +88,7 @@ class _OnLoop:
         cls, settings: FleetSettings, app: Celery, agent: Agent, concurrency: int, worker: str
     ) -> _OnLoop:
         store = RecordStore.connect(settings)
+        await refuse_data_loss(store, settings)
         box = await load_secret_box(store, settings)
         http = HttpClientShards(concurrency, get_settings())
         carriers, speaks = _carriers(agent, settings, http, box)
@@ -210,12 +212,12 @@ class WorkerRuntime:
         await store.cancel({key: result}, self.settings.result_retention_seconds)
         await self._on_loop.executor.execute(key)  # a v1 rollout claims as cancelled, reports
 
-    def run_rollout(self, key: RecordKey) -> str:
+    def run_rollout(self, key: RecordKey, task_id: str) -> str:
         """Called on a Celery pool thread: run the rollout on the loop and wait for it."""
         with self._waiting_lock:
             self._waiting.add(key)
         try:
-            return self._loop.run(self._on_loop.executor.execute(key))
+            return self._loop.run(self._on_loop.executor.execute(key, task_id))
         finally:
             with self._waiting_lock:
                 self._waiting.discard(key)
@@ -288,11 +290,8 @@ class WorkerRuntime:
 
     async def _cancel_revoked(self) -> None:
         """Flower's Revoke (and ``celery control revoke``) cancels that rollout's task only."""
-        executor = self._on_loop.executor
-        revoked = worker_state.revoked
-        for key in executor.leases:
-            if task_id_for(key) in revoked and executor.cancel(key):
-                logger.warning("%s: revoked; cancelling its execution", key)
+        for key in self._on_loop.executor.cancel_revoked(worker_state.revoked):
+            logger.warning("%s: revoked; cancelling its execution", key)
 
     async def _listen_for_stops(self) -> None:
         """Stop requests (cancel, poll lease expiry) for rollouts running here."""

@@ -8,7 +8,8 @@
   v1 callback would post that callback twice).
 * A rollout whose message a worker took but never started (it died in between) goes back to
   the queue once the message has been held for two leases, not at the broker's visibility
-  timeout.
+  timeout. One worker per sweep looks, through every taken message of this fleet (kombu's
+  taken set is shared by every fleet on the database: others' messages are left alone).
 * A rollout waiting for a worker whose message vanished (kombu took it from the queue and
   lost it before recording it as taken: a crash, a broken connection, a Redis restart at
   that moment) gets a new one. One worker at a time checks, every four leases; a rollout is
@@ -55,6 +56,7 @@ class Sweeper:
         self._inflight_ttl = settings.inflight_ttl_seconds
         self._retention = settings.result_retention_seconds
         self._lease_seconds = settings.lease_seconds
+        self._sweep_interval = settings.sweep_interval_seconds
         self._unstarted_after = 2 * settings.lease_seconds
         self._lost_check_every = 4 * settings.lease_seconds
 
@@ -62,10 +64,7 @@ class Sweeper:
         """Requeue rollouts whose worker lease lapsed, whose taker never started them or
         whose message was lost; expire unpolled v2 rollouts."""
         requeued = await self._requeue_lapsed()
-        taken_before = time.time() - self._unstarted_after
-        for tag, key in await self._store.stale_deliveries(taken_before, SWEEP_BATCH):
-            if await self._store.restore_unstarted(key, tag, self._requeue_message(key)):
-                requeued += self._requeued("unstarted", key)
+        requeued += await self._restore_unstarted()
         requeued += await self._resend_lost()
         await self._expire_unpolled()
         await self._store.prune(self._inflight_ttl)
@@ -90,6 +89,19 @@ class Sweeper:
             if await self._store.requeue(key, self._requeue_message(key)):
                 requeued += self._requeued("lease_lapsed", key)
         return requeued
+
+    async def _restore_unstarted(self) -> int:
+        """One worker per sweep interval reads every taken message (not every worker the
+        oldest 500, which late acks make long-running rollouts); kombu stamps the taken set
+        with its host's clock, so this compares with the host's clock too."""
+        if not await self._store.take_turn("unstarted", self._sweep_interval):
+            return 0
+        restored = 0
+        taken_before = time.time() - self._unstarted_after
+        for tag, key in await self._store.stale_deliveries(taken_before, SWEEP_BATCH):
+            if await self._store.restore_unstarted(key, tag, self._requeue_message(key)):
+                restored += self._requeued("unstarted", key)
+        return restored
 
     async def _resend_lost(self) -> int:
         if not await self._store.take_turn("lost-messages", self._lost_check_every):

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from celery import signals
+from celery import Task, signals
 from celery.exceptions import Reject
 
 from rollout_core import logs, tracing
@@ -113,12 +113,12 @@ def _revoked(request: Any = None, **_: Any) -> None:
         _runtime.cancel_unstarted(RecordKey(args[0]))
 
 
-@app.task(name=TASK_NAME)
-def run_rollout(key: str) -> str:
+@app.task(name=TASK_NAME, bind=True)
+def run_rollout(self: Task[Any, str], key: str) -> str:
     if _runtime is None:
         raise RuntimeError("the worker runtime is not running")
     try:
-        return _runtime.run_rollout(RecordKey(key))
+        return _runtime.run_rollout(RecordKey(key), self.request.id or "")
     except (asyncio.CancelledError, concurrent.futures.CancelledError):
         return "cancelled"
     except StoreError as exc:

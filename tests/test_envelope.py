@@ -15,8 +15,8 @@ from kombu import Connection
 
 from rollout_core.queue.envelope import (
     TASK_NAME,
+    new_task_id,
     record_of_delivery,
-    task_id_for,
     task_message,
 )
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX
@@ -49,10 +49,11 @@ def test_our_envelope_matches_what_send_task_publishes(redis_server: RedisServer
     app = Celery("contract", broker=url)
     app.conf.update(task_serializer="json", accept_content=["json"])
     record = "rf:v1:rollout-42"
+    task_id = new_task_id()
     app.send_task(
         TASK_NAME,
         args=(record,),
-        task_id=task_id_for(record),
+        task_id=task_id,
         queue="contract-q",
         argsrepr=repr("rollout-42"),
         kwargsrepr="{}",
@@ -64,16 +65,20 @@ def test_our_envelope_matches_what_send_task_publishes(redis_server: RedisServer
     finally:
         client.flushdb()
         client.close()
-    ours = json.loads(task_message(app, record, "rollout-42", "contract-q"))
+    ours = json.loads(task_message(app, record, "rollout-42", "contract-q", task_id=task_id))
     assert _stable(ours) == _stable(published)
     assert json.loads(base64.b64decode(ours["body"]))[0] == [record]
     assert ours["properties"]["delivery_tag"] != published["properties"]["delivery_tag"]
 
 
-def test_task_ids_are_stable_and_url_safe() -> None:
-    assert task_id_for("rf:v1:a/b c") == task_id_for("rf:v1:a/b c")
-    assert task_id_for("rf:v1:a") != task_id_for("rf:v1:b")
-    assert all(c in "0123456789abcdef-" for c in task_id_for("rf:v1:a/b c"))
+def test_every_message_has_a_task_id_of_its_own_and_url_safe() -> None:
+    """Finding 14: a revoked id stays revoked for hours; a later message of the same rollout
+    id (a re-admission) must not carry it."""
+    app = Celery("ids")
+    ids = {json.loads(task_message(app, "rf:v1:a/b c", "a/b c", "q"))["headers"]["id"]}
+    ids.add(json.loads(task_message(app, "rf:v1:a/b c", "a/b c", "q"))["headers"]["id"])
+    assert len(ids) == 2
+    assert all(c in "0123456789abcdef-" for c in "".join(ids))
 
 
 def test_a_taken_message_kombu_holds_unacked_names_its_record(redis_server: RedisServer) -> None:

@@ -22,12 +22,13 @@ from kombu.serialization import dumps
 from rollout_core.store.schema import RecordField
 
 TASK_NAME = "rollout.run"
-_TASK_ID_NAMESPACE = uuid.UUID("6a1f3a4e-8d5c-4f53-9a0b-3c2f1e7d9b10")
 
 
-def task_id_for(record_key: str) -> str:
-    """A stable Celery task id per rollout: duplicates share it, and Flower's URLs stay safe."""
-    return str(uuid.uuid5(_TASK_ID_NAMESPACE, record_key))
+def new_task_id() -> str:
+    """A Celery task id of its own for every message. Never derived from the rollout: a
+    worker remembers revoked ids for hours, and a revoke (Flower's button) must not cancel a
+    later admission of the same id at once."""
+    return str(uuid.uuid4())
 
 
 def task_message(
@@ -36,15 +37,15 @@ def task_message(
     label: str,
     queue: str,
     trace: Mapping[RecordField, str] | None = None,
+    task_id: str | None = None,
 ) -> str:
     """The queued form of ``rollout.run(record_key)``; ``label`` is what Flower shows as args.
 
     The message carries only the record key (the request and its secrets stay in Redis) and,
     as headers, the admission's ``trace`` context.
     """
-    task_id = task_id_for(record_key)
     message = app.amqp.as_task_v2(
-        task_id,
+        task_id or new_task_id(),
         TASK_NAME,
         args=(record_key,),
         argsrepr=repr(label),
@@ -98,8 +99,8 @@ def _record_of(message: dict[str, Any]) -> str | None:
 
 __all__ = [
     "TASK_NAME",
+    "new_task_id",
     "record_of_delivery",
     "record_of_message",
-    "task_id_for",
     "task_message",
 ]

@@ -33,6 +33,7 @@ class RolloutRecord:
     claimed_at: int | None = None
     finished_at: int | None = None
     worker: str | None = None
+    task: str | None = None
     cancel_requested: bool = False
     abandon_reason: str | None = None
     delivery: str | None = None
@@ -60,6 +61,7 @@ class RolloutRecord:
             claimed_at=_int(get(RecordField.CLAIMED_AT)),
             finished_at=_int(get(RecordField.FINISHED_AT)),
             worker=get(RecordField.WORKER),
+            task=get(RecordField.TASK),
             cancel_requested=bool(get(RecordField.CANCEL_REQUESTED)),
             abandon_reason=get(RecordField.ABANDON_REASON),
             delivery=get(RecordField.DELIVERY),

@@ -88,6 +88,7 @@ class RecordField(StrEnum):
     TERMINATIONS = "terminations"  # times it was made terminal: anything but 1 is a bug
     EXECUTION = "execution"  # the execution holding the worker lease
     WORKER = "worker"  # the worker process that claimed it last
+    TASK = "task"  # the Celery task id of the message it runs under (what Revoke names)
     CANCEL_REQUESTED = "cancel_requested"
     ABANDON_REASON = "abandon_reason"  # a worker gave it up: its next claim fails it so
     RESENT_AT = "resent_at"  # its lost message was replaced (ms)
@@ -186,6 +187,11 @@ class Keys:
     def records_of(self, protocol: Protocol) -> str:
         """What the keys of one protocol's records start with."""
         return f"{self.prefix}:{protocol}:"
+
+    def owns(self, key: str) -> bool:
+        """Whether ``key`` is a rollout record of this fleet (kombu's ``unacked`` set is
+        shared by every fleet on a Redis database: each sweeper touches only its own)."""
+        return any(key.startswith(self.records_of(protocol)) for protocol in PROTOCOLS)
 
     def record_id(self, key: str) -> str:
         """The id part of a record key (``<prefix>:<protocol>:<id>`` → ``<id>``)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, cast
@@ -63,10 +64,37 @@ StoreReplyError = ResponseError
 StoreFull = OutOfMemoryError
 
 POOL_WAIT_SECONDS = 10.0
-# A broken connection is retried for about 10 s (0.1 s doubling to 2 s): a restarting Redis
-# or a cut connection costs a pause, not a failed rollout. Every script tolerates running
-# twice when its first reply was lost (a repeat finds the change made and says so).
-RECONNECT = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=8)
+# One call against a Redis that does not answer gives up within RETRY_BUDGET_SECONDS: each try
+# waits at most COMMAND_TIMEOUT_SECONDS (a blackholed Redis: three tries), and a refused or
+# cut connection is retried, 0.1 s doubling to 2 s, until the budget is spent (a restarting
+# Redis costs a pause, not a failed rollout). Every script tolerates running twice when its
+# first reply was lost (a repeat finds the change made and says so).
+RETRY_BUDGET_SECONDS = 10.0
+COMMAND_TIMEOUT_SECONDS = 3.0
+
+
+class BudgetedRetry(Retry):
+    """redis-py's retry, bounded by time rather than by a count of tries."""
+
+    def __init__(self, budget_seconds: float, try_seconds: float) -> None:
+        super().__init__(ExponentialBackoff(cap=2.0, base=0.1), retries=-1)
+        self._budget = budget_seconds
+        self._try = try_seconds
+
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self._budget
+
+        async def failed(error: Exception, *rest: Any) -> None:
+            await fail(error, *rest)
+            # Give up unless one more try (and the pause before it) fits in the budget.
+            pause = self._backoff.compute(rest[0] if rest else 1)
+            if time.monotonic() + pause + min(self._try, 1.0) > deadline:
+                raise error
+
+        return await super().call_with_retry(do, failed, *args, **kwargs)
+
+
+RECONNECT = BudgetedRetry(RETRY_BUDGET_SECONDS, COMMAND_TIMEOUT_SECONDS)
 SCAN_LIMIT = 20_000  # a listing reads at most this many unfinished and finished records
 # Fields a listing reads: everything but the request and the (possibly large) result.
 SUMMARY_FIELDS = (
@@ -102,9 +130,16 @@ def _load_scripts(redis: Redis, keys: Keys) -> dict[str, AsyncScript]:
     }
 
 
-def _client(url: str, max_connections: int) -> Redis:
+def _client(url: str, max_connections: int, *, listening: bool = False) -> Redis:
     """A client that reconnects and retries through connection failures, and whose pool
-    makes callers wait for a free connection instead of failing."""
+    makes callers wait for a free connection instead of failing. Commands time out (a Redis
+    that stopped answering must not hang a caller); a ``listening`` client (pub/sub) waits
+    for messages as long as it takes and finds a dead connection by its health checks."""
+    timeouts: dict[str, Any] = {"socket_connect_timeout": COMMAND_TIMEOUT_SECONDS}
+    if listening:
+        timeouts |= {"health_check_interval": 10, "socket_keepalive": True}
+    else:
+        timeouts |= {"socket_timeout": COMMAND_TIMEOUT_SECONDS}
     pool = BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
@@ -112,6 +147,7 @@ def _client(url: str, max_connections: int) -> Redis:
         decode_responses=True,
         retry=RECONNECT,
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        **timeouts,
     )
     return Redis(connection_pool=pool)
 
@@ -128,8 +164,11 @@ def answers(url: str) -> bool:
 class RecordStore:
     """Typed access to one fleet's records, queue and fleet-wide state in Redis."""
 
-    def __init__(self, redis: Redis, prefix: str, queue: str) -> None:
+    def __init__(
+        self, redis: Redis, prefix: str, queue: str, listener: Redis | None = None
+    ) -> None:
         self._redis = redis
+        self._listener = listener or redis  # pub/sub: no command timeout
         self.keys = Keys(prefix)
         self.queue = queue
         self._scripts = _load_scripts(redis, self.keys)
@@ -138,10 +177,14 @@ class RecordStore:
     def connect(cls, settings: FleetSettings, max_connections: int | None = None) -> RecordStore:
         """The store of the fleet ``settings`` describe, with its own connection pool."""
         pool_size = max_connections or settings.redis_max_connections
-        return cls(_client(settings.redis_dsn, pool_size), settings.key_prefix, settings.queue)
+        dsn = settings.redis_dsn
+        listener = _client(dsn, 4, listening=True)
+        return cls(_client(dsn, pool_size), settings.key_prefix, settings.queue, listener)
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+        if self._listener is not self._redis:
+            await self._listener.aclose()
 
     async def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[script](keys=list(keys), args=list(args))
@@ -153,7 +196,7 @@ class RecordStore:
     async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[RecordKey]]:
         """Subscribed to ``channel`` (``keys.changes`` or ``keys.stops``) while inside: the
         record keys published on it, as they come."""
-        async with self._redis.pubsub() as pubsub:
+        async with self._listener.pubsub() as pubsub:
             await pubsub.subscribe(channel)
             yield self._published(pubsub)
 
@@ -321,6 +364,31 @@ class RecordStore:
             workers=await self.live_workers(),
         )
 
+    async def data_loss_risks(self) -> list[str]:
+        """What in Redis's configuration can lose admitted rollouts, each with its fix (empty:
+        nothing). ``CONFIG`` may be renamed away on a managed Redis: ``INFO`` is read first."""
+        memory = await self._redis.info("memory")
+        persistence = await self._redis.info("persistence")
+        risks = []
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        if policy != "noeviction":
+            risks.append(
+                f"maxmemory-policy is {policy}, so under memory pressure Redis evicts records "
+                "whose messages stay queued (set maxmemory-policy noeviction: the fleet then "
+                "refuses admissions when full instead of losing them)"
+            )
+        if not int(persistence.get("aof_enabled", 0)):
+            try:
+                save = str((await self._redis.config_get("save")).get("save", ""))
+            except ResponseError:  # CONFIG is not allowed here: snapshots cannot be told
+                save = "unknown"
+            if not save.strip():
+                risks.append(
+                    "persistence is off (appendonly no, no save points), so a restart loses "
+                    "every admitted rollout (set appendonly yes)"
+                )
+        return risks
+
     async def fleet_secret_key(self, generated: str) -> str:
         """The fleet's own sealing key: ``generated`` if none is kept yet, else the kept one."""
         await self._redis.set(self.keys.fleet_key, generated, nx=True)
@@ -383,9 +451,11 @@ class RecordStore:
         worker: str,
         lease_seconds: float,
         max_attempts: int,
+        task_id: str = "",
     ) -> Claim:
-        """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``."""
-        args = [execution, worker, _ms(lease_seconds), max_attempts]
+        """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``,
+        delivered as Celery task ``task_id``."""
+        args = [execution, worker, _ms(lease_seconds), max_attempts, task_id]
         reply = await self._run("claim", [key], args)
         verdict = Verdict(reply[0])
         if len(reply) == 1:
@@ -476,23 +546,34 @@ class RecordStore:
     async def requeue(self, key: RecordKey, message: str) -> bool:
         return bool(await self._run("requeue", [key, self.queue], [message]))
 
-    async def stale_deliveries(
-        self, taken_before: float, limit: int
-    ) -> list[tuple[str, RecordKey]]:
-        """(delivery tag, record) of rollout messages workers took before ``taken_before``
-        (epoch seconds) and still hold unacknowledged."""
-        tags = cast(
-            list[str],
-            await self._redis.zrangebyscore(
-                UNACKED_INDEX, "-inf", taken_before, start=0, num=limit
-            ),
-        )
-        entries = cast(list[str | None], await self._redis.hmget(UNACKED, tags) if tags else [])
+    async def stale_deliveries(self, taken_before: float, page: int) -> list[tuple[str, RecordKey]]:
+        """(delivery tag, record) of this fleet's rollout messages workers took before
+        ``taken_before`` (epoch seconds) and still hold unacknowledged, whose rollout never
+        started. All of them, read ``page`` at a time: with late acks the oldest entries are
+        simply long-running rollouts, and a lost message may hide behind any number of them."""
         stale = []
-        for tag, entry in zip(tags, entries, strict=True):
-            key = record_of_delivery(entry) if entry else None
-            if key is not None:
-                stale.append((tag, RecordKey(key)))
+        for start in itertools.count(0, page):
+            tags = cast(
+                list[str],
+                await self._redis.zrangebyscore(
+                    UNACKED_INDEX, "-inf", taken_before, start=start, num=page
+                ),
+            )
+            if not tags:
+                break
+            entries = cast(list[str | None], await self._redis.hmget(UNACKED, tags))
+            candidates = []
+            for tag, entry in zip(tags, entries, strict=True):
+                key = record_of_delivery(entry) if entry else None
+                if key is not None and self.keys.owns(key):
+                    candidates.append((tag, RecordKey(key)))
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for _, key in candidates:
+                    pipe.hget(key, RecordField.STATUS)
+                statuses = await pipe.execute()
+            stale += [c for c, s in zip(candidates, statuses, strict=True) if s == Status.QUEUED]
+            if len(tags) < page:
+                break
         return stale
 
     async def restore_unstarted(self, key: RecordKey, tag: str, message: str) -> bool:

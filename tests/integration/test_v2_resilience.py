@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 from celery import Celery
 
-from rollout_core.queue.envelope import task_id_for
 from tests.conftest import module_fleet, v2_fleet
 from tests.harness import LEASE_HEADER, TERMINAL, FleetUnderTest, V2FleetUnderTest, script
 
@@ -63,7 +62,7 @@ def test_long_polls_outlive_the_gateway_they_were_on(replicas: V2FleetUnderTest)
 def revoke(fleet: FleetUnderTest, record: str) -> None:
     app = Celery(broker=fleet.fleet.redis_url)
     try:
-        app.control.revoke(task_id_for(record))
+        app.control.revoke(fleet.redis.hget(record, "task"))
     finally:
         app.close()
 

@@ -1,6 +1,7 @@
 """Finding 13: worker liveness and capacity use Redis's clock, not each host's. Workers run
 under ``faketime`` 90 s behind or ahead of the gateway's host; before, the one behind never
-counted as live (``/ready`` saw no worker) and the one ahead lingered 90 s after it died."""
+counted as live (``/ready`` saw no worker). The one ahead dropped out in time already (its
+heartbeat key's Redis TTL bounded it); that test keeps it so."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_f13_a_worker_behind_counts_as_live_and_runs_rollouts(
     handle = start_fleet(workers=0)
     worker = skewed_worker(handle, f"-{SKEW}s", tmp_path)
     try:
-        wait_for(lambda: live_workers(handle) == 1, 30, "the worker 90 s behind is live", handle)
+        wait_for(lambda: live_workers(handle) == 1, 60, "the worker 90 s behind is live", handle)
         rollout_id = new_id("behind")
         assert handle.init(handle.body(rollout_id)).status_code == 202
         (callback,) = handle.wait_delivered([rollout_id])[rollout_id]
@@ -64,9 +65,9 @@ def test_f13_a_dead_worker_ahead_does_not_linger(start_fleet: StartFleet, tmp_pa
     handle = start_fleet(workers=0)
     worker = skewed_worker(handle, f"+{SKEW}s", tmp_path)
     try:
-        wait_for(lambda: live_workers(handle) == 1, 30, "the worker 90 s ahead is live", handle)
+        wait_for(lambda: live_workers(handle) == 1, 60, "the worker 90 s ahead is live", handle)
         worker.kill()
         # Its heartbeat lasts max(3, lease) = 3 s here; with its own clock it lasted 93 s.
-        wait_for(lambda: live_workers(handle) == 0, 15, "the killed worker drops out", handle)
+        wait_for(lambda: live_workers(handle) == 0, 30, "the killed worker drops out", handle)
     finally:
         worker.stop()

@@ -9,10 +9,16 @@ import pytest
 from celery import Celery
 from cryptography.fernet import Fernet
 
-from rollout_core.queue.envelope import task_id_for
 from rollout_fleet.local import LocalFleet
 from tests.conftest import TEST_ENV, V2_ENV, StartFleet
-from tests.harness import SCRIPTED_V2_AGENT, FleetUnderTest, new_id, script, v2_body
+from tests.harness import (
+    SCRIPTED_V2_AGENT,
+    FleetUnderTest,
+    V2FleetUnderTest,
+    new_id,
+    script,
+    v2_body,
+)
 from tests.integration.test_operations import fleet_cli
 
 SECRET_ENV = "ROLLOUT_FLEET_SECRET_KEY"
@@ -30,7 +36,7 @@ def revoke(handle: FleetUnderTest, rollout_id: str) -> None:
     """What Flower's Revoke button sends."""
     app = Celery(broker=handle.fleet.redis_url)
     try:
-        app.control.revoke(task_id_for(handle.record_key(rollout_id)))
+        app.control.revoke(handle.record(rollout_id)["task"])
     finally:
         app.close()
 
@@ -115,10 +121,10 @@ def test_f03_a_cancel_while_delivering_neither_cuts_the_post_nor_repeats_it(
     """Cancel (the CLI, or Flower's Revoke) while the completion POST is on the wire: the
     POST is seen through, the cancel answers ``finished``, and the trainer hears once (before:
     the POST was cut, the record stayed ``delivering`` and another worker posted again)."""
-    # The trainer holds the POST 4 s (the worker waits up to 10): the cancel lands mid-POST.
-    handle = start_fleet(workers=2, env={"OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS": "10"})
+    # The trainer holds the POST 8 s (the worker waits up to 20): the cancel lands mid-POST.
+    handle = start_fleet(workers=2, env={"OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS": "20"})
     rollout_id = new_id(how)
-    handle.trainer.add_faults({"target": "completed", "delay_s": 4.0, "rollout_id": rollout_id})
+    handle.trainer.add_faults({"target": "completed", "delay_s": 8.0, "rollout_id": rollout_id})
     admit(handle, rollout_id)
     handle.wait_status(rollout_id, {"delivering"}, timeout=30)
     deadline = time.monotonic() + 10
@@ -190,3 +196,24 @@ def test_f08_a_delivery_taken_over_past_max_attempts_keeps_its_result(
     assert final["status"] == "success", final
     assert {c["status"] for c in handle.trainer.deliveries().get(rollout_id, [])} == {"COMPLETED"}
     assert final["terminations"] == "1"
+
+
+def test_f14_a_revoke_does_not_cancel_a_later_admission_of_the_same_id(
+    start_fleet: StartFleet,
+) -> None:
+    """Flower's Revoke names a Celery task id, which workers remember for hours. Before, task
+    ids were derived from the rollout, so the same id admitted again after its retention was
+    cancelled at once."""
+    env = {**V2_ENV, "ROLLOUT_FLEET_RESULT_RETENTION_SECONDS": "1"}
+    handle = start_fleet(SCRIPTED_V2_AGENT, workers=1, env=env, handle=V2FleetUnderTest)
+    assert isinstance(handle, V2FleetUnderTest)
+    rollout_id = new_id("readmitted")
+    first = handle.admitted(rollout_id=rollout_id, metadata=script({"sleep": 30}))
+    handle.wait_status(rollout_id, {"running"})
+    revoke(handle, rollout_id)
+    assert handle.result(*first)["status"] == "cancelled"
+    deadline = time.monotonic() + 20
+    while handle.record(rollout_id) and time.monotonic() < deadline:
+        time.sleep(0.2)  # its retention runs out: the id may be admitted again
+    again = handle.admitted(rollout_id=rollout_id)
+    assert handle.result(*again)["status"] == "success"

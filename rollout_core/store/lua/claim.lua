@@ -2,7 +2,7 @@
 -- A repeat of this same claim (its first reply was lost, the client ran it again) answers
 -- as the first did, without counting another attempt.
 -- KEYS: record   ARGV: execution (this execution's lease), worker (its process), lease_ms,
---                      max_attempts
+--                      max_attempts, task (the Celery task id of the message)
 -- -> {VERDICT.missing} | {VERDICT.done} | {VERDICT.busy}
 --    | {verdict, attempt, ms_since_accepted, field, value, ...}
 --    verdict: VERDICT.running (run it), VERDICT.delivering (a stored result awaits delivery),
@@ -35,7 +35,7 @@ if repeated then
 else
   attempt = redis.call('HINCRBY', KEYS[1], FIELD.attempt, 1)
   redis.call('HSET', KEYS[1], FIELD.status, phase, FIELD.execution, ARGV[1],
-             FIELD.worker, ARGV[2], FIELD.claimed_at, now)
+             FIELD.worker, ARGV[2], FIELD.claimed_at, now, FIELD.task, ARGV[5])
   redis.call('HSETNX', KEYS[1], FIELD.started_at, now)
   redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
   if status ~= phase then

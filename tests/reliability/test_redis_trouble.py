@@ -1,0 +1,100 @@
+"""Redis trouble (issue 14).
+
+Finding 17: against a Redis that stopped answering (blackholed: SIGSTOP, a dead host, a
+partition) one call gives up within the store's retry budget (about 10 s) and the gateway
+answers 503, instead of hanging (before: about 56 s, or for ever on an open connection).
+Finding 6: fleets sharing a Redis database keep to their own messages.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX
+from rollout_core.store.store import RETRY_BUDGET_SECONDS
+from rollout_fleet.local import LocalFleet
+from rollout_fleet.redis_server import RedisServer
+from tests.conftest import TEST_ENV, StartFleet
+from tests.harness import SCRIPTED_AGENT, new_id, v1_body
+
+CLIENT_PATIENCE = 3 * RETRY_BUDGET_SECONDS  # a bound on hanging, not a speed target
+
+
+@pytest.fixture
+def own_fleet(tmp_path: Path) -> Iterator[tuple[LocalFleet, RedisServer]]:
+    server = RedisServer(data_dir=tmp_path / "redis").start()
+    fleet = LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=server.url,
+        workers=1,
+        env=dict(TEST_ENV),
+        log_dir=tmp_path / "fleet",
+    ).start()
+    yield fleet, server
+    assert server.process is not None
+    server.process.signal(signal.SIGCONT)
+    fleet.stop()
+    server.stop()
+
+
+def test_f17_a_blackholed_redis_gets_a_503_not_a_hang(
+    own_fleet: tuple[LocalFleet, RedisServer],
+) -> None:
+    fleet, server = own_fleet
+    body = v1_body("http://127.0.0.1:9", "before-stop")
+    assert httpx.post(f"{fleet.gateway_url}/v1/rollout/init", json=body).status_code == 202
+    assert server.process is not None
+    server.process.signal(signal.SIGSTOP)
+    started = time.monotonic()
+    response = httpx.post(
+        f"{fleet.gateway_url}/v1/rollout/init",
+        json=v1_body("http://127.0.0.1:9", "while-stopped"),
+        timeout=CLIENT_PATIENCE,
+    )
+    assert response.status_code == 503, response.text
+    print(f"answered 503 after {time.monotonic() - started:.1f}s")
+    server.process.signal(signal.SIGCONT)
+    again = httpx.post(
+        f"{fleet.gateway_url}/v1/rollout/init", json=v1_body("http://127.0.0.1:9", "after")
+    )
+    assert again.status_code == 202, again.text
+
+
+def test_f06_a_sweeper_leaves_another_fleets_taken_messages_alone(
+    start_fleet: StartFleet,
+) -> None:
+    """Two fleets on one Redis database, with their own prefixes and queues, share kombu's
+    taken set. A message fleet B's worker took and never started (it died) must go back to
+    B's queue, by B: before, fleet A's sweeper moved it into A's queue."""
+    fleet_b = start_fleet(
+        workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fb", "ROLLOUT_FLEET_QUEUE": "qb"}
+    )
+    rollout_id = new_id("fleet-b")
+    assert fleet_b.init(fleet_b.body(rollout_id)).status_code == 202
+    message = fleet_b.redis.rpop("qb")  # a B worker takes it, then dies before starting it
+    assert isinstance(message, str)
+    entry = json.dumps([json.loads(message), "", "qb"])
+    fleet_b.redis.hset(UNACKED, "tag-b", entry)
+    fleet_b.redis.zadd(UNACKED_INDEX, {"tag-b": time.time() - 60})
+    env = {"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": "qa"}
+    fleet_a = LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=fleet_b.fleet.redis_url,
+        workers=1,
+        env={**TEST_ENV, **env},
+        log_dir=fleet_b.fleet.log_dir / "fleet-a",
+    ).start()
+    try:
+        time.sleep(4 * float(TEST_ENV["ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS"]) + 2)
+        assert fleet_b.redis.llen("qa") == 0
+        assert fleet_b.redis.hexists(UNACKED, "tag-b")
+        assert fleet_b.record(rollout_id)["status"] == "queued"
+    finally:
+        fleet_a.stop()
