@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import redis
 
 from rollout_core.store import Keys
 from rollout_fleet.local import LocalFleet
@@ -109,6 +110,25 @@ def fleet(
     finally:
         local.stop()
         redis.stop()
+
+
+@contextlib.contextmanager
+def replica(system: System) -> Iterator[RedisServer]:
+    """A Redis replica of the fleet's Redis, synced before it is yielded."""
+    assert system.redis_url is not None
+    primary = redis.Redis.from_url(system.redis_url)
+    port = primary.connection_pool.connection_kwargs["port"]
+    server = RedisServer(replica_of=int(port)).start()
+    link = redis.Redis(port=server.port, decode_responses=True)
+    try:
+        wait_until(
+            lambda: link.info("replication").get("master_link_status") == "up", 30, "the replica"
+        )
+        yield server
+    finally:
+        link.close()
+        primary.close()
+        server.stop()
 
 
 @contextlib.contextmanager

@@ -61,6 +61,24 @@ class FleetSettings(BaseSettings):
     redis_max_connections: int = Field(
         200, ge=1, description="Redis connections per process; more requests wait for one."
     )
+    sentinel_master: str = Field(
+        "mymaster",
+        min_length=1,
+        description="With a sentinel:// REDIS_URL (one URL per sentinel, ';'-separated): the "
+        "name the sentinels monitor the primary under.",
+    )
+    admission_replicas: int = Field(
+        0,
+        ge=0,
+        description="An admission is acknowledged (202) only once this many replicas hold it "
+        "(Redis WAIT), so it survives a failover; 0: the primary's word is enough.",
+    )
+    admission_replica_timeout_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="How long an admission waits for admission_replicas; past it the trainer "
+        "gets 503 and retries.",
+    )
     key_prefix: str = Field(
         "rf", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of every Redis key we own."
     )

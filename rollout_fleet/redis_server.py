@@ -12,6 +12,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from redis import Redis as SyncRedis
+
 from rollout_core.store import answers
 from rollout_fleet.processes import ManagedProcess, free_port, wait_until
 
@@ -44,6 +46,7 @@ class RedisServer:
     password: str | None = None
     databases: int = 16
     tls: TlsFiles | None = None  # serve TLS only (rediss://); needs a binary built with TLS
+    replica_of: int | None = None  # the port of the primary this one replicates
     binary: str = field(default_factory=redis_server_binary)
     data_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rollout-redis-")))
     process: ManagedProcess | None = None
@@ -83,7 +86,9 @@ class RedisServer:
             str(self.databases),
         ]
         if self.password:
-            argv += ["--requirepass", self.password]
+            argv += ["--requirepass", self.password, "--masterauth", self.password]
+        if self.replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         return argv
 
     def start(self, timeout: float = 10.0) -> RedisServer:
@@ -98,4 +103,56 @@ class RedisServer:
             self.process.stop(grace=5)
 
 
-__all__ = ["RedisServer", "TlsFiles", "redis_server_binary"]
+@dataclass
+class SentinelSet:
+    """Three ``redis-server --sentinel`` processes watching one primary, as ``MASTER``; they
+    fail it over one second after it stops answering."""
+
+    primary_port: int
+    data_dir: Path
+    password: str | None = None
+    ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(3)])
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    MASTER = "mymaster"
+
+    def start(self, timeout: float = 10.0) -> SentinelSet:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for port in self.ports:
+            config = self.data_dir / f"sentinel-{port}.conf"
+            lines = [
+                f"port {port}",
+                "bind 127.0.0.1",
+                f"dir {self.data_dir}",
+                f"sentinel monitor {self.MASTER} 127.0.0.1 {self.primary_port} 2",
+                f"sentinel down-after-milliseconds {self.MASTER} 1000",
+                f"sentinel failover-timeout {self.MASTER} 5000",
+            ]
+            if self.password:
+                lines.append(f"sentinel auth-pass {self.MASTER} {self.password}")
+            config.write_text("\n".join(lines) + "\n")
+            argv = [redis_server_binary(), str(config), "--sentinel"]
+            log = self.data_dir / f"sentinel-{port}.log"
+            self.processes.append(ManagedProcess("sentinel", argv, dict(os.environ), log).start())
+        for port in self.ports:
+            url = f"redis://127.0.0.1:{port}"
+            wait_until(lambda url=url: answers(url), timeout, "a sentinel")  # type: ignore[misc]
+        return self
+
+    def url(self, database: int = 0) -> str:
+        """The fleet's ``REDIS_URL`` for this set (kombu's form: one URL per sentinel)."""
+        auth = f":{self.password}@" if self.password else ""
+        return ";".join(f"sentinel://{auth}127.0.0.1:{p}/{database}" for p in self.ports)
+
+    def primary(self) -> int:
+        """The port the sentinels name as primary now."""
+        with SyncRedis(port=self.ports[0], decode_responses=True) as client:
+            _, port = client.sentinel_get_master_addr_by_name(self.MASTER)
+        return int(port)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop(grace=5)
+
+
+__all__ = ["RedisServer", "SentinelSet", "TlsFiles", "redis_server_binary"]

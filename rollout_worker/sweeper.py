@@ -3,9 +3,10 @@
 * A rollout whose worker lease lapsed (its worker died) goes back to the front of the queue;
   with the default 15 s lease and 5 s sweep it runs again elsewhere within about 20 s, long
   before the broker's visibility timeout would redeliver it. Not in the first lease after a
-  Redis restart: leases lapsed then because nobody could renew them, and their live holders
-  get one lease to renew before anyone takes over (a takeover of a rollout delivering its
-  v1 callback would post that callback twice).
+  Redis restart, or after this worker itself could not reach Redis (a stopped or partitioned
+  Redis, an AOF load, a failover): leases lapsed then because nobody could renew them, and
+  their live holders get one lease to renew before anyone takes over (a takeover of a rollout
+  delivering its v1 callback would post that callback twice).
 * A rollout whose message a worker took but never started (it died in between) goes back to
   the queue once the message has been held for two leases, not at the broker's visibility
   timeout. One worker per sweep looks, through every taken message of this fleet (kombu's
@@ -82,8 +83,8 @@ class Sweeper:
 
     async def _requeue_lapsed(self) -> int:
         lapsed = await self._store.lapsed_leases(SWEEP_BATCH)
-        if lapsed and await self._store.redis_uptime() < self._lease_seconds:
-            return 0  # Redis just restarted: holders first get a lease to renew (see module)
+        if lapsed and await self._redis_was_away():
+            return 0  # holders first get a lease to renew (see module)
         requeued = 0
         for key in lapsed:
             if await self._store.requeue(key, self._requeue_message(key)):
@@ -102,6 +103,14 @@ class Sweeper:
             if await self._store.restore_unstarted(key, tag, self._requeue_message(key)):
                 restored += self._requeued("unstarted", key)
         return restored
+
+    async def _redis_was_away(self) -> bool:
+        """Whether Redis was out of reach within the last lease: it restarted (its uptime), or
+        this worker could not reach it (stopped, loading its AOF, failing over, cut off: its
+        uptime says nothing then, and every holder lost its lease the same way)."""
+        if self._store.seconds_since_trouble() < self._lease_seconds:
+            return True
+        return await self._store.redis_uptime() < self._lease_seconds
 
     async def _resend_lost(self) -> int:
         if not await self._store.take_turn("lost-messages", self._lost_check_every):

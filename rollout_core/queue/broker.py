@@ -25,14 +25,16 @@ import logging
 from typing import Any
 
 import redis
+from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
-from kombu.transport import virtual
+from redis import sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 logger = logging.getLogger(__name__)
 
 TRANSPORT = "rollout_core.queue.broker:Transport"
+SENTINEL_TRANSPORT = "rollout_core.queue.broker:SentinelTransport"
 
 
 def _no_retry(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -89,4 +91,30 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-__all__ = ["TRANSPORT", "Transport"]
+class SentinelConnection(sentinel.SentinelManagedConnection):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**_no_retry(kwargs))  # type: ignore[no-untyped-call]
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    """The same hardening, on connections to the primary the sentinels name."""
+
+    QoS = QoS
+    connection_class = SentinelConnection
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
+# On a failover kombu moves to the URL's next alternate and picks that URL's transport by its
+# scheme: "sentinel" must name ours, or the worker continues on kombu's unhardened one.
+TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT
+
+
+def transport_for(url: str) -> str:
+    """The broker transport for a ``REDIS_URL``: ours, in its sentinel form if need be."""
+    return SENTINEL_TRANSPORT if url.startswith("sentinel://") else TRANSPORT
+
+
+__all__ = ["SENTINEL_TRANSPORT", "TRANSPORT", "SentinelTransport", "Transport", "transport_for"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from rollout_core.queue.broker import TRANSPORT
+from rollout_core.queue.broker import transport_for
 from rollout_core.settings import FleetSettings
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX
 
@@ -23,7 +23,7 @@ settings = FleetSettings()
 app = Celery("rollout_fleet")
 app.conf.update(
     broker_url=settings.redis_dsn,
-    broker_transport=TRANSPORT,  # kombu's Redis transport, hardened (broker.py)
+    broker_transport=transport_for(settings.redis_dsn),  # kombu's, hardened (broker.py)
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,
     broker_transport_options={
@@ -36,6 +36,7 @@ app.conf.update(
         "socket_connect_timeout": 5,
         "socket_keepalive": True,
         "health_check_interval": 25,
+        "master_name": settings.sentinel_master,  # read with a sentinel:// URL only
     },
     visibility_timeout=settings.visibility_timeout_seconds,
     # Our Redis records are the results; Celery's backend would only duplicate them.

@@ -15,11 +15,13 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from redis import Redis as SyncRedis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -80,11 +82,13 @@ class BudgetedRetry(Retry):
         super().__init__(ExponentialBackoff(cap=2.0, base=0.1), retries=-1)
         self._budget = budget_seconds
         self._try = try_seconds
+        self.last_failure = -float("inf")  # monotonic time this process last lost Redis
 
     async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + self._budget
 
         async def failed(error: Exception, *rest: Any) -> None:
+            self.last_failure = time.monotonic()
             await fail(error, *rest)
             # Give up unless one more try (and the pause before it) fits in the budget.
             pause = self._backoff.compute(rest[0] if rest else 1)
@@ -130,30 +134,73 @@ def _load_scripts(redis: Redis, keys: Keys) -> dict[str, AsyncScript]:
     }
 
 
-def _client(url: str, max_connections: int, *, listening: bool = False) -> Redis:
+class _SentinelConnection(SentinelManagedConnection):
+    """A connection to the primary the sentinels name. After a failover, a script's write or
+    a ``WAIT`` that reaches the demoted primary fails as a reply, not as a broken connection:
+    here it is one, so the retry reconnects to the new primary."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if "READONLY" in str(exc) or "replica" in str(exc).lower():
+                await self.disconnect()
+                raise RedisConnectionError(f"the primary moved: {exc}") from exc
+            raise
+
+
+def _client(
+    url: str, max_connections: int, sentinel_master: str, *, listening: bool = False
+) -> Redis:
     """A client that reconnects and retries through connection failures, and whose pool
     makes callers wait for a free connection instead of failing. Commands time out (a Redis
     that stopped answering must not hang a caller); a ``listening`` client (pub/sub) waits
-    for messages as long as it takes and finds a dead connection by its health checks."""
-    timeouts: dict[str, Any] = {"socket_connect_timeout": COMMAND_TIMEOUT_SECONDS}
+    for messages as long as it takes and finds a dead connection by its health checks. A
+    ``sentinel://`` URL (kombu's form, one per sentinel, ``;``-separated) reaches the primary
+    the sentinels name ``sentinel_master``, and follows it when it fails over."""
+    options: dict[str, Any] = {
+        "socket_connect_timeout": COMMAND_TIMEOUT_SECONDS,
+        "decode_responses": True,
+        "retry": RECONNECT,
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+    }
     if listening:
-        timeouts |= {"health_check_interval": 10, "socket_keepalive": True}
+        options |= {"health_check_interval": 10, "socket_keepalive": True}
     else:
-        timeouts |= {"socket_timeout": COMMAND_TIMEOUT_SECONDS}
+        options |= {"socket_timeout": COMMAND_TIMEOUT_SECONDS}
+    if is_sentinel_url(url):
+        parts = [urlsplit(part) for part in url.split(";") if part]
+        nodes = [(part.hostname or "127.0.0.1", part.port or 26379) for part in parts]
+        database = int(parts[0].path.strip("/") or 0)
+        sentinels = Sentinel(  # type: ignore[no-untyped-call]
+            nodes,
+            sentinel_kwargs={"socket_timeout": COMMAND_TIMEOUT_SECONDS},
+            password=parts[0].password,
+            db=database,
+            **options,
+        )
+        primary: Redis = sentinels.master_for(
+            sentinel_master,
+            redis_class=Redis,
+            connection_class=_SentinelConnection,
+            max_connections=max_connections,
+        )
+        return primary
     pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=POOL_WAIT_SECONDS,
-        decode_responses=True,
-        retry=RECONNECT,
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        **timeouts,
+        url, max_connections=max_connections, timeout=POOL_WAIT_SECONDS, **options
     )
     return Redis(connection_pool=pool)
 
 
+def is_sentinel_url(url: str) -> bool:
+    return url.startswith("sentinel://")
+
+
 def answers(url: str) -> bool:
-    """Whether a Redis server answers at ``url`` (one try; blocking, for a waiting process)."""
+    """Whether a Redis server answers at ``url`` (one try; blocking, for a waiting process;
+    for a sentinel URL, its first sentinel)."""
+    if is_sentinel_url(url):
+        url = "redis://" + url.split(";", maxsplit=1)[0].removeprefix("sentinel://")
     with SyncRedis.from_url(url, socket_timeout=1) as redis:
         try:
             return bool(redis.ping())
@@ -161,25 +208,46 @@ def answers(url: str) -> bool:
             return False
 
 
+class NotReplicated(RedisConnectionError):
+    """An admission was written on the primary but not acknowledged by enough replicas in
+    time: it is not acknowledged to the trainer (503), who retries it."""
+
+
 class RecordStore:
     """Typed access to one fleet's records, queue and fleet-wide state in Redis."""
 
     def __init__(
-        self, redis: Redis, prefix: str, queue: str, listener: Redis | None = None
+        self,
+        redis: Redis,
+        prefix: str,
+        queue: str,
+        listener: Redis | None = None,
+        admission_replicas: int = 0,
+        replica_timeout_seconds: float = 1.0,
     ) -> None:
         self._redis = redis
         self._listener = listener or redis  # pub/sub: no command timeout
         self.keys = Keys(prefix)
         self.queue = queue
         self._scripts = _load_scripts(redis, self.keys)
+        self._replicas = admission_replicas
+        self._replica_timeout = replica_timeout_seconds
 
     @classmethod
     def connect(cls, settings: FleetSettings, max_connections: int | None = None) -> RecordStore:
         """The store of the fleet ``settings`` describe, with its own connection pool."""
         pool_size = max_connections or settings.redis_max_connections
-        dsn = settings.redis_dsn
-        listener = _client(dsn, 4, listening=True)
-        return cls(_client(dsn, pool_size), settings.key_prefix, settings.queue, listener)
+        dsn, master = settings.redis_dsn, settings.sentinel_master
+        listener = _client(dsn, 4, master, listening=True)
+        store = _client(dsn, pool_size, master)
+        return cls(
+            store,
+            settings.key_prefix,
+            settings.queue,
+            listener,
+            settings.admission_replicas,
+            settings.admission_replica_timeout_seconds,
+        )
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -188,6 +256,23 @@ class RecordStore:
 
     async def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[script](keys=list(keys), args=list(args))
+
+    async def _replicated(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """An admission script, then (when configured) ``WAIT`` on the same connection until
+        ``admission_replicas`` replicas hold its writes: a rollout acknowledged to its trainer
+        survives a failover to a replica."""
+        if not self._replicas:
+            return await self._run(script, keys, args)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            await self._scripts[script](keys=list(keys), args=list(args), client=pipe)
+            pipe.execute_command("WAIT", self._replicas, _ms(self._replica_timeout))
+            reply, acknowledged = await pipe.execute()
+        if int(acknowledged) < self._replicas:
+            raise NotReplicated(
+                f"{acknowledged} of {self._replicas} replicas acknowledged the admission "
+                f"within {self._replica_timeout:g}s (ROLLOUT_FLEET_ADMISSION_REPLICAS)"
+            )
+        return reply
 
     async def ping(self) -> None:
         await self._redis.ping()
@@ -221,7 +306,7 @@ class RecordStore:
         fields: Mapping[RecordField, str],
     ) -> bool:
         args = [token, _ms(ttl_seconds), message, *_flatten(fields)]
-        return bool(await self._run("admit_commit", [key, self.queue], args))
+        return bool(await self._replicated("admit_commit", [key, self.queue], args))
 
     async def admit_abort(self, key: RecordKey, token: str) -> None:
         await self._run("admit_abort", [key], [token])
@@ -248,7 +333,7 @@ class RecordStore:
             lease_digest,
             *_flatten(fields),
         ]
-        return AdmitOutcome(await self._run("admit_v2", [key, self.queue], args))
+        return AdmitOutcome(await self._replicated("admit_v2", [key, self.queue], args))
 
     async def poll(
         self,
@@ -537,6 +622,12 @@ class RecordStore:
 
     async def lapsed_leases(self, limit: int) -> list[RecordKey]:
         return list(await self._run("lapsed", [], [limit]))
+
+    @staticmethod
+    def seconds_since_trouble() -> float:
+        """Seconds since this process last failed to reach Redis (a cut connection, a Redis
+        stopped, restarting, loading its AOF or failing over)."""
+        return time.monotonic() - RECONNECT.last_failure
 
     async def redis_uptime(self) -> float:
         """Seconds since Redis (re)started."""

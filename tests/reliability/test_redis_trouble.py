@@ -16,15 +16,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX
-from rollout_core.store.store import RETRY_BUDGET_SECONDS
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
 from tests.conftest import TEST_ENV, StartFleet
-from tests.harness import SCRIPTED_AGENT, new_id, v1_body
+from tests.harness import SCRIPTED_AGENT, MockTrainGateClient, new_id, script, v1_body
 
-CLIENT_PATIENCE = 3 * RETRY_BUDGET_SECONDS  # a bound on hanging, not a speed target
+# Three times the store's retry budget (RETRY_BUDGET_SECONDS, 10 s): a bound on hanging, not
+# a speed target.
+CLIENT_PATIENCE = 30.0
 
 
 @pytest.fixture
@@ -98,3 +100,52 @@ def test_f06_a_sweeper_leaves_another_fleets_taken_messages_alone(
         assert fleet_b.record(rollout_id)["status"] == "queued"
     finally:
         fleet_a.stop()
+
+
+def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_rollouts(
+    tmp_path: Path,
+) -> None:
+    """Redis stops answering for two leases without restarting (a partition, a long AOF load,
+    a failover look the same to the fleet): every lease lapses, yet its holder is alive. The
+    sweepers leave them to their holders for a lease (before: Redis's uptime said nothing had
+    happened, and sweepers requeued live rollouts, which ran twice)."""
+    server = RedisServer(data_dir=tmp_path / "redis").start()
+    fleet = LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=server.url,
+        workers=2,
+        mock_trainer="calculator",
+        env=dict(TEST_ENV),
+        log_dir=tmp_path / "fleet",
+    ).start()
+    trainer = MockTrainGateClient(fleet.mock_trainer_url)
+    try:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        ids = [new_id("held") for _ in range(10)]
+        for rollout_id in ids:
+            body = v1_body(trainer.url, rollout_id, metadata=script({"sleep": 10}))
+            response = httpx.post(f"{fleet.gateway_url}/v1/rollout/init", json=body)
+            assert response.status_code == 202, response.text
+        records = [f"{fleet.key_prefix}:v1:{i}" for i in ids]
+        deadline = time.monotonic() + 30
+        while any(client.hget(r, "status") != "running" for r in records):
+            assert time.monotonic() < deadline, "the rollouts never all ran"
+            time.sleep(0.1)
+        assert server.process is not None
+        server.process.signal(signal.SIGSTOP)
+        time.sleep(2 * float(TEST_ENV["ROLLOUT_FLEET_LEASE_SECONDS"]))
+        server.process.signal(signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while any(client.hget(r, "status") != "success" for r in records):
+            assert time.monotonic() < deadline, [client.hgetall(r) for r in records]
+            time.sleep(0.2)
+        assert [client.hget(r, "attempt") for r in records] == ["1"] * len(records)
+        time.sleep(2)  # a second callback would come now
+        deliveries = trainer.deliveries()
+        assert [len(deliveries.get(i, [])) for i in ids] == [1] * len(ids)
+        client.close()
+    finally:
+        assert server.process is not None
+        server.process.signal(signal.SIGCONT)
+        fleet.stop()
+        server.stop()

@@ -1,0 +1,7 @@
+"""A randomized fault schedule (in the spirit of Jepsen) against two fleets sharing one Redis,
+and a checker of the promise: every admitted rollout ends with exactly one result.
+
+``stage`` starts the processes, ``faults`` draws and applies a seeded schedule, ``checker``
+reads every rollout's history and asserts the invariants, ``run`` ties them together; ``python
+-m tests.nemesis --seed N`` replays a seed (a failing one prints that command).
+"""
