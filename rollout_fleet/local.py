@@ -11,6 +11,7 @@ import os
 import secrets
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from rollout_core.settings import FleetSettings
 from rollout_fleet.probe import probe_gateway
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_gateway.ready import Readiness
+
+STOP_GRACE_SECONDS = 15.0
 
 
 def fleet_command(*args: str) -> list[str]:
@@ -196,18 +199,19 @@ class LocalFleet:
         if self.mock_trainer is not None:
             wait_until(lambda: port_open(self.mock_trainer_port), timeout, "the mock TrainGate")
 
-    def stop(self) -> None:
-        """Every fleet process shuts down at once; then each is waited for (killed if it
-        hangs). The mock TrainGate goes last: a worker finishing its rollouts in its grace
-        period still needs it (stopped with them, it left those rollouts retrying calls
-        until the grace ran out)."""
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Every fleet process shuts down at once; together they get ``grace`` seconds, then
+        the stragglers are killed (waiting for each in turn, a loaded machine took over a
+        minute). The mock TrainGate goes last: a worker finishing its rollouts still needs
+        it (stopped with them, it left those rollouts retrying calls until the end)."""
         last = [p for name, p in self.processes.items() if name == "mock-trainer"]
         fleet = [p for p in self.processes.values() if p not in last]
         for group in (fleet, last):
             for process in group:
                 process.terminate()
+            deadline = time.monotonic() + grace
             for process in group:
-                process.stop()
+                process.stop(grace=max(0.1, deadline - time.monotonic()))
 
     def speaks_v2(self) -> bool:
         """A v2 gateway's health names its deployment (``process_id``); a v1 one does not."""

@@ -12,9 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from redis import Redis as SyncRedis
-
-from rollout_core.store import answers
+from rollout_core.store import answers, sentinel_primary
 from rollout_fleet.processes import ManagedProcess, free_port, wait_until
 
 
@@ -146,9 +144,8 @@ class SentinelSet:
 
     def primary(self) -> int:
         """The port the sentinels name as primary now."""
-        with SyncRedis(port=self.ports[0], decode_responses=True) as client:
-            _, port = client.sentinel_get_master_addr_by_name(self.MASTER)
-        return int(port)
+        _, port = sentinel_primary(f"redis://127.0.0.1:{self.ports[0]}", self.MASTER)
+        return port
 
     def stop(self) -> None:
         for process in self.processes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.params import Depends as Dependency
@@ -28,6 +27,7 @@ from rollout_gateway import lookup, metrics, ready
 from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
+from rollout_gateway.tools import ToolsRunner
 from rollout_gateway.v1 import FleetAgentLoop
 from rollout_gateway.v2 import FleetRollouts
 from rollout_sdk.config import get_settings
@@ -101,14 +101,14 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RecordStore.connect(settings)
         await refuse_data_loss(store, settings)
-        tools_pool = ThreadPoolExecutor(settings.get_tools_threads, thread_name_prefix="get-tools")
+        tools = ToolsRunner(settings.get_tools_threads, settings.get_tools_timeout_seconds)
         gateway = Gateway(
             settings=settings,
             celery=celery_app.app,
             agent=agent,
             store=store,
             box=await load_secret_box(store, settings),
-            tools_pool=tools_pool,
+            tools=tools,
         )
         app.state.gateway = gateway
         listener = None if speaks_v1 else ChangeListener(store)
@@ -124,7 +124,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
                 app.state.service.shutting_down = True
             if listener is not None:
                 await listener.stop()
-            tools_pool.shutdown(wait=False, cancel_futures=True)
+            tools.shutdown()
             await store.aclose()
 
     app = FastAPI(title=f"Rollout Fleet gateway ({agent.name})", lifespan=lifespan)

@@ -33,12 +33,16 @@ class Readiness(BaseModel):
     """Worker processes whose heartbeat is current."""
     capacity: int = 0
     """Rollouts those workers can run at once."""
+    get_tools: str = "ok"
+    """v1: ``ok``, or why admissions are refused (every get_tools thread held)."""
 
 
 @router.get(
     READY_PATH,
     response_model=Readiness,
-    responses={503: {"model": Readiness, "description": "Redis does not answer"}},
+    responses={
+        503: {"model": Readiness, "description": "Redis does not answer, or get_tools hangs"}
+    },
 )
 async def ready(gateway: GatewayDep) -> JSONResponse:
     readiness = Readiness(
@@ -54,9 +58,12 @@ async def ready(gateway: GatewayDep) -> JSONResponse:
     except (StoreError, TimeoutError) as exc:
         readiness.redis = f"unavailable ({type(exc).__name__})"
         return JSONResponse(readiness.model_dump(), status_code=503)
-    readiness.ready = True
     readiness.workers = workers.count
     readiness.capacity = workers.slots
+    if gateway.speaks_v1 and gateway.tools.exhausted:
+        readiness.get_tools = gateway.tools.refusal()
+        return JSONResponse(readiness.model_dump(), status_code=503)
+    readiness.ready = True
     return JSONResponse(readiness.model_dump())
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from fastapi import Depends, Request
 from rollout_core.secrets import SecretBox
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore
+from rollout_gateway.tools import ToolsRunner
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
 
@@ -25,7 +25,7 @@ class Gateway:
     agent: Agent
     store: RecordStore
     box: SecretBox
-    tools_pool: ThreadPoolExecutor
+    tools: ToolsRunner
 
     @property
     def speaks_v1(self) -> bool:

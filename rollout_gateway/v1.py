@@ -17,13 +17,13 @@ import uuid
 
 from rollout_core import tracing
 from rollout_core.protocols import v1
-from rollout_core.queue.envelope import task_message
+from rollout_core.queue.envelope import new_task_id, task_message
 from rollout_core.secrets import redact
-from rollout_core.store import AdmitStart, RecordKey
+from rollout_core.store import AdmitStart, RecordField, RecordKey
 from rollout_gateway.limits import check_trainer_url
 from rollout_gateway.state import Gateway
 from rollout_sdk.core.schemas import HealthResponse, RolloutRequest
-from rollout_sdk.runner import PreparedRollout, ToolsError, prepare_rollout
+from rollout_sdk.runner import PreparedRollout, ToolsError
 from rollout_sdk.server.v1_http import AdmissionInProgress, V1Service
 
 # How long past the get_tools timeout a pending admission keeps its key.
@@ -74,31 +74,30 @@ class FleetAgentLoop(V1Service):
             await store.admit_abort(key, token)
             raise
         body = prepared.response.model_dump_json()
+        task_id = new_task_id()
         message = task_message(
-            gateway.celery, key, request.rollout_id, store.queue, tracing.context_fields()
+            gateway.celery,
+            key,
+            request.rollout_id,
+            store.queue,
+            tracing.context_fields(),
+            task_id=task_id,
         )
         committed = await store.admit_commit(
             key,
             token,
             gateway.settings.inflight_ttl_seconds,
             message,
-            v1.admission_fields(request, body, gateway.box),
+            {**v1.admission_fields(request, body, gateway.box), RecordField.TASK: task_id},
         )
         return body if committed else None
 
     async def _prepare(self, request: RolloutRequest) -> PreparedRollout:
-        """``get_tools`` on a worker thread; a raise or a hang is a ``ToolsError``."""
-        loop = asyncio.get_running_loop()
-        timeout = self.gateway.settings.get_tools_timeout_seconds
-        call = loop.run_in_executor(
-            self.gateway.tools_pool, prepare_rollout, self.agent_loop, request
-        )
+        """``get_tools`` on a thread (``tools.py``); a raise or a hang is a ``ToolsError``."""
         try:
-            return await asyncio.wait_for(call, timeout)
+            return await self.gateway.tools.prepare(self.agent_loop, request)
         except ToolsError as exc:
             raise ToolsError(redact(str(exc), request.api_key)) from None
-        except TimeoutError:
-            raise ToolsError(f"get_tools() did not return within {timeout:g}s") from None
 
     async def health(self) -> HealthResponse:
         counts = await self.gateway.store.counts()

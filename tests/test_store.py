@@ -502,3 +502,24 @@ async def test_f03_cancel_of_a_delivering_rollout_answers_finished(store: Record
     assert await store.cancel({key: ""}, RETAIN) == {key: CancelOutcome.FINISHED}
     assert (await store.load(key)).cancel_requested is False
     assert await store.renew({"w1": key}, 3, 60) == ([], [])
+
+
+async def test_f09_a_lost_message_behind_hundreds_of_long_running_ones_is_found(
+    store: RecordStore, redis: Redis
+) -> None:
+    """Finding 9: with late acks the oldest taken messages are long-running rollouts; the
+    sweeper used to read the oldest 500 only, and a message taken and never started behind
+    600 of them waited for the broker's visibility timeout."""
+    app = Celery("t")
+    taken_at = time.time() - 60
+    for n in range(600):
+        key = await admitted(store, f"long-{n}")
+        await store.claim(key, f"w{n}", "w", 60, 5)
+        entry = json.dumps([json.loads(task_message(app, key, f"long-{n}", "q")), "", "q"])
+        await redis.hset(UNACKED, f"tag-{n}", entry)
+        await redis.zadd(UNACKED_INDEX, {f"tag-{n}": taken_at + n / 1000})
+    lost = await admitted(store, "lost")
+    entry = json.dumps([json.loads(task_message(app, lost, "lost", "q")), "", "q"])
+    await redis.hset(UNACKED, "tag-lost", entry)
+    await redis.zadd(UNACKED_INDEX, {"tag-lost": taken_at + 1})
+    assert await store.stale_deliveries(time.time() - 30, 500) == [("tag-lost", lost)]

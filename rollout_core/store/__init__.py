@@ -35,6 +35,7 @@ from rollout_core.store.store import (
     StoreReplyError,
     StoreUnavailable,
     answers,
+    sentinel_primary,
 )
 
 __all__ = [
@@ -67,4 +68,5 @@ __all__ = [
     "Verdict",
     "WorkerBeat",
     "answers",
+    "sentinel_primary",
 ]

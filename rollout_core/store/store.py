@@ -213,6 +213,13 @@ class NotReplicated(RedisConnectionError):
     time: it is not acknowledged to the trainer (503), who retries it."""
 
 
+def sentinel_primary(sentinel_url: str, master: str) -> tuple[str, int]:
+    """(host, port) of the primary a sentinel names ``master`` (blocking, one ask)."""
+    with SyncRedis.from_url(sentinel_url, socket_timeout=1, decode_responses=True) as redis:
+        host, port = redis.sentinel_get_master_addr_by_name(master)
+    return str(host), int(port)
+
+
 class RecordStore:
     """Typed access to one fleet's records, queue and fleet-wide state in Redis."""
 

@@ -53,6 +53,7 @@ def test_every_service_runs_as_declared_with_two_worker_replicas(
         "redis": "ok",
         "workers": 2,
         "capacity": 200,  # 2 replicas x ROLLOUT_FLEET_WORKER_CONCURRENCY from .env.example
+        "get_tools": "ok",
     }
     with pytest.raises(redis.AuthenticationError):  # requirepass from the .env
         redis.Redis(port=stack.redis().connection_pool.connection_kwargs["port"]).ping()

@@ -142,6 +142,17 @@ def test_flower_runs_from_the_worker_image_behind_a_login(services: dict[str, An
     assert "--purge-offline-workers" in flower["command"]
 
 
+def test_f20_flower_and_worker_metrics_are_not_on_every_interface(
+    services: dict[str, Any],
+) -> None:
+    """Issue 14, finding 20: Flower speaks plain HTTP, so compose publishes it on the host's
+    loopback only; worker metrics listen on the compose network, never published."""
+    (flower_port,) = services["flower"]["ports"]
+    assert flower_port["host_ip"] == "127.0.0.1"
+    assert "ports" not in services["worker"]
+    assert services["worker"]["environment"]["ROLLOUT_FLEET_METRICS_HOST"] == "0.0.0.0"
+
+
 def test_every_compose_variable_is_documented_in_env_example() -> None:
     used = set(re.findall(r"\$\{(\w+)", COMPOSE_FILE.read_text()))
     documented = set(re.findall(r"(?m)^(\w+)=", (REPO / ".env.example").read_text()))

@@ -1,10 +1,11 @@
-"""Settings at their edges and selectors at theirs (issue 14, findings 12 and 15), on real
-gateway and worker processes."""
+"""Limits (issue 14): settings at their edges (finding 12), selectors at theirs (15), and a
+gateway whose get_tools threads hang (11), on real gateway and worker processes."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -67,3 +68,29 @@ def test_f15_cancel_by_prefix_reaches_ids_going_on_past_latin_1(start_fleet: Sta
     response = handle.http.post("/rollout/cancel", json={"prefix": group})
     assert response.status_code == 200, response.text
     assert response.json()["dispositions"] == dict.fromkeys(ids, "cancelled_queued")
+
+
+def test_f11_hung_get_tools_calls_refuse_admissions_clearly_and_unready_the_gateway(
+    start_fleet: StartFleet,
+) -> None:
+    """Two get_tools threads, both held by calls that hang 12 s: the next admission gets 503
+    with the reason at once and ``/ready`` says not ready, until the calls return (before: the
+    admission queued behind them and timed out as a 500, ``/ready`` said ready)."""
+    env = {"ROLLOUT_FLEET_GET_TOOLS_THREADS": "2", "ROLLOUT_FLEET_GET_TOOLS_TIMEOUT_SECONDS": "1"}
+    handle = start_fleet(workers=1, env=env)
+    hang = {"get_tools": "hang", "hang_s": 12}
+    for _ in range(2):
+        response = handle.init(handle.body(new_id("hung"), metadata=hang))
+        assert response.status_code == 500, response.text  # its own get_tools timed out
+    refused = handle.init(handle.body(new_id("behind")))
+    assert refused.status_code == 503, refused.text
+    assert "get_tools() threads are held" in refused.json()["detail"]
+    assert refused.headers["Retry-After"]
+    ready = handle.http.get("/ready")
+    assert ready.status_code == 503
+    assert ready.json()["get_tools"] != "ok"
+    time.sleep(12)
+    assert handle.http.get("/ready").status_code == 200
+    rollout_id = new_id("after")
+    assert handle.init(handle.body(rollout_id)).status_code == 202
+    handle.wait_delivered([rollout_id])

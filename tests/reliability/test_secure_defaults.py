@@ -1,15 +1,17 @@
 """Secure by default (issue 14, findings 18–20): no open gateway by accident, drain fences that
-expire, trainer URLs that cannot aim the workers at metadata services or arbitrary paths, and
-no foreign endpoint's body stored or returned. Real gateway processes throughout."""
+expire, trainer URLs that cannot aim the workers at metadata services or arbitrary paths, no
+foreign endpoint's body stored or returned, worker metrics on loopback. Real processes."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from rollout_fleet.local import fleet_command
@@ -116,3 +118,20 @@ def test_f19_a_foreign_endpoints_answer_is_never_stored_or_returned(
     view = httpx.get(f"{handle.fleet.gateway_url}/v1/rollouts/{rollout_id}").text
     for seen in (view, str(handle.record(rollout_id))):
         assert "injected fault" not in seen  # the mock TrainGate's error body
+
+
+def test_f20_worker_metrics_listen_on_loopback_unless_told(start_fleet: StartFleet) -> None:
+    """Before, a worker's ``/metrics`` listened on every interface."""
+    outward = [
+        address.address
+        for addresses in psutil.net_if_addrs().values()
+        for address in addresses
+        if address.family == socket.AF_INET and not address.address.startswith("127.")
+    ]
+    if not outward:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    handle = start_fleet(workers=1)
+    port = handle.fleet.worker_metrics_ports[1]
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://{outward[0]}:{port}/metrics", timeout=10)
