@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -256,6 +257,7 @@ def up(
     mock_trainer_port: Annotated[int, typer.Option(help="Mock TrainGate port")] = 9001,
 ) -> None:
     """Run Redis (unless REDIS_URL is set), the gateway, workers and Flower until Ctrl-C."""
+    _stop_on_interrupt_or_term()
     redis_server = None
     redis_url = os.environ.get("REDIS_URL")
     if not redis_url:
@@ -292,6 +294,18 @@ def up(
         fleet.stop()
         if redis_server is not None:
             redis_server.stop()
+
+
+def _stop_on_interrupt_or_term() -> None:
+    """Ctrl-C and SIGTERM both stop the fleet cleanly. Set explicitly: started in the
+    background by a script, a process inherits SIGINT ignored (and Python then never raises
+    KeyboardInterrupt), and SIGTERM would kill it without stopping its children."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
