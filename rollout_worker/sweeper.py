@@ -105,10 +105,11 @@ class Sweeper:
         return restored
 
     async def _redis_was_away(self) -> bool:
-        """Whether Redis was out of reach within the last lease: it restarted (its uptime), or
-        this worker could not reach it (stopped, loading its AOF, failing over, cut off: its
-        uptime says nothing then, and every holder lost its lease the same way)."""
-        if self._store.seconds_since_trouble() < self._lease_seconds:
+        """Whether Redis was out of reach lately: it restarted within a lease (its uptime), or
+        this worker could not reach it within two (stopped, loading its AOF, failing over, cut
+        off: its uptime says nothing then, every holder lost its lease the same way, and a
+        holder may still be in its retry backoff when this sweeper gets through)."""
+        if self._store.seconds_since_trouble() < 2 * self._lease_seconds:
             return True
         return await self._store.redis_uptime() < self._lease_seconds
 

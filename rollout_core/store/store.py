@@ -78,17 +78,20 @@ COMMAND_TIMEOUT_SECONDS = 3.0
 class BudgetedRetry(Retry):
     """redis-py's retry, bounded by time rather than by a count of tries."""
 
+    # When this process last failed to reach Redis (monotonic). On the class: every
+    # connection works on its own deep copy of the retry.
+    last_failure = -float("inf")
+
     def __init__(self, budget_seconds: float, try_seconds: float) -> None:
         super().__init__(ExponentialBackoff(cap=2.0, base=0.1), retries=-1)
         self._budget = budget_seconds
         self._try = try_seconds
-        self.last_failure = -float("inf")  # monotonic time this process last lost Redis
 
     async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + self._budget
 
         async def failed(error: Exception, *rest: Any) -> None:
-            self.last_failure = time.monotonic()
+            BudgetedRetry.last_failure = time.monotonic()
             await fail(error, *rest)
             # Give up unless one more try (and the pause before it) fits in the budget.
             pause = self._backoff.compute(rest[0] if rest else 1)
@@ -634,7 +637,7 @@ class RecordStore:
     def seconds_since_trouble() -> float:
         """Seconds since this process last failed to reach Redis (a cut connection, a Redis
         stopped, restarting, loading its AOF or failing over)."""
-        return time.monotonic() - RECONNECT.last_failure
+        return time.monotonic() - BudgetedRetry.last_failure
 
     async def redis_uptime(self) -> float:
         """Seconds since Redis (re)started."""

@@ -149,3 +149,58 @@ def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_ro
         server.process.signal(signal.SIGCONT)
         fleet.stop()
         server.stop()
+
+
+def test_f04_a_redis_restart_whose_aof_load_outlasts_a_lease_reruns_nothing(
+    tmp_path: Path,
+) -> None:
+    """The finding as reported: Redis restarts and loads its AOF for longer than a lease, so
+    its uptime is past the lease when it answers again; sweepers took that for "no restart"
+    and requeued live rollouts, which ran twice. Here the workers saw Redis loading, so they
+    leave the leases to their holders for a lease."""
+    lease = float(TEST_ENV["ROLLOUT_FLEET_LEASE_SECONDS"])
+    server = RedisServer(appendonly=True, data_dir=tmp_path / "redis").start()
+    ballast = redis.Redis.from_url(server.url_for(1), socket_timeout=None)
+    ballast.execute_command("DEBUG", "POPULATE", 5_000_000, "ballast", 64)  # another database
+    ballast.bgrewriteaof()  # a compact AOF that still takes seconds to load
+    while ballast.info("persistence")["aof_rewrite_in_progress"]:
+        time.sleep(0.2)
+    ballast.close()
+    fleet = LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=server.url,
+        workers=2,
+        mock_trainer="calculator",
+        env=dict(TEST_ENV),
+        log_dir=tmp_path / "fleet",
+    ).start()
+    try:
+        ids = [new_id("loading") for _ in range(10)]
+        for rollout_id in ids:
+            body = v1_body(fleet.mock_trainer_url, rollout_id, metadata=script({"sleep": 20}))
+            response = httpx.post(f"{fleet.gateway_url}/v1/rollout/init", json=body)
+            assert response.status_code == 202, response.text
+        records = [f"{fleet.key_prefix}:v1:{i}" for i in ids]
+        client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=None)
+        deadline = time.monotonic() + 30
+        while any(client.hget(r, "status") != "running" for r in records):
+            assert time.monotonic() < deadline, "the rollouts never all ran"
+            time.sleep(0.1)
+        client.close()
+        assert server.process is not None
+        server.process.kill()
+        started = time.monotonic()
+        server.start(timeout=120)
+        loaded = time.monotonic() - started
+        if loaded < lease + 0.5:
+            pytest.skip(f"the AOF loaded in {loaded:.1f}s, within a lease: nothing to see")
+        client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=None)
+        deadline = time.monotonic() + 90
+        while any(client.hget(r, "status") != "success" for r in records):
+            assert time.monotonic() < deadline, [client.hgetall(r) for r in records]
+            time.sleep(0.2)
+        assert [client.hget(r, "attempt") for r in records] == ["1"] * len(records), loaded
+        client.close()
+    finally:
+        fleet.stop()
+        server.stop()
