@@ -3,10 +3,10 @@
 * A rollout whose worker lease lapsed (its worker died) goes back to the front of the queue;
   with the default 15 s lease and 5 s sweep it runs again elsewhere within about 20 s, long
   before the broker's visibility timeout would redeliver it. Not in the first lease after a
-  Redis restart, or after this worker itself could not reach Redis (a stopped or partitioned
-  Redis, an AOF load, a failover): leases lapsed then because nobody could renew them, and
-  their live holders get one lease to renew before anyone takes over (a takeover of a rollout
-  delivering its v1 callback would post that callback twice).
+  Redis restart, nor in the two after this worker itself could not reach Redis (a stopped or
+  partitioned Redis, an AOF load, a failover): leases lapsed then because nobody could renew
+  them, and their live holders get that long to renew before anyone takes over (a takeover
+  of a rollout delivering its v1 callback would post that callback twice).
 * A rollout whose message a worker took but never started (it died in between) goes back to
   the queue once the message has been held for two leases, not at the broker's visibility
   timeout. One worker per sweep looks, through every taken message of this fleet (kombu's
