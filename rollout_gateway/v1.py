@@ -17,9 +17,9 @@ import uuid
 
 from rollout_core import tracing
 from rollout_core.protocols import v1
-from rollout_core.queue.envelope import new_task_id, task_message
+from rollout_core.queue.envelope import admission_message
 from rollout_core.secrets import redact
-from rollout_core.store import AdmitStart, RecordField, RecordKey
+from rollout_core.store import AdmitStart, RecordKey
 from rollout_gateway.limits import check_trainer_url
 from rollout_gateway.state import Gateway
 from rollout_sdk.core.schemas import HealthResponse, RolloutRequest
@@ -74,21 +74,15 @@ class FleetAgentLoop(V1Service):
             await store.admit_abort(key, token)
             raise
         body = prepared.response.model_dump_json()
-        task_id = new_task_id()
-        message = task_message(
-            gateway.celery,
-            key,
-            request.rollout_id,
-            store.queue,
-            tracing.context_fields(),
-            task_id=task_id,
+        message, names = admission_message(
+            gateway.celery, key, request.rollout_id, store.queue, tracing.context_fields()
         )
         committed = await store.admit_commit(
             key,
             token,
             gateway.settings.inflight_ttl_seconds,
             message,
-            {**v1.admission_fields(request, body, gateway.box), RecordField.TASK: task_id},
+            {**v1.admission_fields(request, body, gateway.box), **names},
         )
         return body if committed else None
 

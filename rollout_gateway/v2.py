@@ -15,7 +15,7 @@ import uuid
 
 from rollout_core import tracing
 from rollout_core.protocols import v2
-from rollout_core.queue.envelope import new_task_id, task_message
+from rollout_core.queue.envelope import admission_message
 from rollout_core.store import AdmitOutcome, CancelOutcome, PollOutcome, RecordField, RecordKey
 from rollout_gateway.limits import check_trainer_url
 from rollout_gateway.listener import ChangeListener
@@ -82,22 +82,17 @@ class FleetRollouts(RolloutService):
         check_trainer_url("chat_completions_url", request.chat_completions_url, allowed)
         token = new_lease_token()
         key = self._key(request.rollout_id)
-        task_id = new_task_id()  # recorded: what Flower's Revoke of this message names
+        message, names = admission_message(
+            gateway.celery, key, request.rollout_id, store.queue, tracing.context_fields()
+        )
         outcome = await store.admit_v2(
             key,
             max_queued=gateway.settings.max_queued,
             poll_lease_seconds=self._lease_sec,
             ttl_seconds=gateway.settings.inflight_ttl_seconds,
-            message=task_message(
-                gateway.celery,
-                key,
-                request.rollout_id,
-                store.queue,
-                tracing.context_fields(),
-                task_id=task_id,
-            ),
+            message=message,
             lease_digest=lease_digest(token),
-            fields={**v2.admission_fields(request, gateway.box), RecordField.TASK: task_id},
+            fields={**v2.admission_fields(request, gateway.box), **names},
         )
         if outcome in _REFUSALS:
             raise _REFUSALS[outcome]

@@ -31,6 +31,16 @@ def new_task_id() -> str:
     return str(uuid.uuid4())
 
 
+def admission_message(
+    app: Celery, record_key: str, label: str, queue: str, trace: Mapping[RecordField, str]
+) -> tuple[str, dict[RecordField, str]]:
+    """An admission's message, and the record field that names it (its task id: what
+    Flower's Revoke of this message names)."""
+    task_id = new_task_id()
+    message = task_message(app, record_key, label, queue, trace, task_id=task_id)
+    return message, {RecordField.TASK: task_id}
+
+
 def task_message(
     app: Celery,
     record_key: str,
@@ -99,6 +109,7 @@ def _record_of(message: dict[str, Any]) -> str | None:
 
 __all__ = [
     "TASK_NAME",
+    "admission_message",
     "new_task_id",
     "record_of_delivery",
     "record_of_message",

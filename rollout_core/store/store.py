@@ -146,7 +146,7 @@ class _SentinelConnection(SentinelManagedConnection):
         try:
             return await super().read_response(*args, **kwargs)
         except ResponseError as exc:
-            if "READONLY" in str(exc) or "replica" in str(exc).lower():
+            if "READONLY" in str(exc) or "WAIT cannot be used with replica" in str(exc):
                 await self.disconnect()
                 raise RedisConnectionError(f"the primary moved: {exc}") from exc
             raise
@@ -604,8 +604,9 @@ class RecordStore:
     # --- worker heartbeats --------------------------------------------------------------
 
     async def beat(self, beat: WorkerBeat, ttl_seconds: int) -> None:
-        """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself)."""
-        now = await self.clock()
+        """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself).
+        ``beat.at`` is Redis's time (:meth:`clock`), read once by the caller."""
+        now = beat.at
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.worker(beat.worker), beat.model_dump_json(), ex=ttl_seconds)
             pipe.zadd(self.keys.workers, {beat.worker: now + ttl_seconds})

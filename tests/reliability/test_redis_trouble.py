@@ -102,15 +102,11 @@ def test_f06_a_sweeper_leaves_another_fleets_taken_messages_alone(
         fleet_a.stop()
 
 
-def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_rollouts(
-    tmp_path: Path,
-) -> None:
-    """Redis stops answering for two leases without restarting (a partition, a long AOF load,
-    a failover look the same to the fleet): every lease lapses, yet its holder is alive. The
-    sweepers leave them to their holders for a lease (before: Redis's uptime said nothing had
-    happened, and sweepers requeued live rollouts, which ran twice)."""
-    server = RedisServer(data_dir=tmp_path / "redis").start()
-    fleet = LocalFleet(
+HELD = 10  # rollouts running when Redis goes away
+
+
+def fleet_on(server: RedisServer, tmp_path: Path) -> LocalFleet:
+    return LocalFleet(
         agent=SCRIPTED_AGENT,
         redis_url=server.url,
         workers=2,
@@ -118,34 +114,55 @@ def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_ro
         env=dict(TEST_ENV),
         log_dir=tmp_path / "fleet",
     ).start()
-    trainer = MockTrainGateClient(fleet.mock_trainer_url)
-    try:
-        client = redis.Redis.from_url(server.url, decode_responses=True)
-        ids = [new_id("held") for _ in range(10)]
-        for rollout_id in ids:
-            body = v1_body(trainer.url, rollout_id, metadata=script({"sleep": 10}))
-            response = httpx.post(f"{fleet.gateway_url}/v1/rollout/init", json=body)
-            assert response.status_code == 202, response.text
-        records = [f"{fleet.key_prefix}:v1:{i}" for i in ids]
-        deadline = time.monotonic() + 30
-        while any(client.hget(r, "status") != "running" for r in records):
-            assert time.monotonic() < deadline, "the rollouts never all ran"
+
+
+def running(fleet: LocalFleet, server: RedisServer, label: str, seconds: float) -> list[str]:
+    """Admit ``HELD`` rollouts that sleep ``seconds``; once all run, their record keys."""
+    ids = [new_id(label) for _ in range(HELD)]
+    for rollout_id in ids:
+        body = v1_body(fleet.mock_trainer_url, rollout_id, metadata=script({"sleep": seconds}))
+        response = httpx.post(f"{fleet.gateway_url}/v1/rollout/init", json=body)
+        assert response.status_code == 202, response.text
+    records = [f"{fleet.key_prefix}:v1:{i}" for i in ids]
+    wait_statuses(server, records, "running", 30)
+    return records
+
+
+def wait_statuses(server: RedisServer, records: list[str], status: str, timeout: float) -> None:
+    with redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=None) as client:
+        deadline = time.monotonic() + timeout
+        while any(client.hget(r, "status") != status for r in records):
+            assert time.monotonic() < deadline, [client.hgetall(r) for r in records]
             time.sleep(0.1)
-        assert server.process is not None
+
+
+def attempts(server: RedisServer, records: list[str]) -> list[str | None]:
+    with redis.Redis.from_url(server.url, decode_responses=True) as client:
+        return [client.hget(r, "attempt") for r in records]
+
+
+def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_rollouts(
+    tmp_path: Path,
+) -> None:
+    """Redis stops answering for two leases without restarting (a partition, a long AOF load,
+    a failover look the same to the fleet): every lease lapses, yet its holder is alive. The
+    sweepers leave them to their holders (before: Redis's uptime said nothing had happened,
+    and sweepers could requeue live rollouts, which ran twice)."""
+    server = RedisServer(data_dir=tmp_path / "redis").start()
+    fleet = fleet_on(server, tmp_path)
+    trainer = MockTrainGateClient(fleet.mock_trainer_url)
+    assert server.process is not None
+    try:
+        records = running(fleet, server, "held", 10)
         server.process.signal(signal.SIGSTOP)
         time.sleep(2 * float(TEST_ENV["ROLLOUT_FLEET_LEASE_SECONDS"]))
         server.process.signal(signal.SIGCONT)
-        deadline = time.monotonic() + 60
-        while any(client.hget(r, "status") != "success" for r in records):
-            assert time.monotonic() < deadline, [client.hgetall(r) for r in records]
-            time.sleep(0.2)
-        assert [client.hget(r, "attempt") for r in records] == ["1"] * len(records)
+        wait_statuses(server, records, "success", 60)
+        assert attempts(server, records) == ["1"] * HELD
         time.sleep(2)  # a second callback would come now
         deliveries = trainer.deliveries()
-        assert [len(deliveries.get(i, [])) for i in ids] == [1] * len(ids)
-        client.close()
+        assert [len(deliveries.get(r.rsplit(":", 1)[1], [])) for r in records] == [1] * HELD
     finally:
-        assert server.process is not None
         server.process.signal(signal.SIGCONT)
         fleet.stop()
         server.stop()
@@ -157,7 +174,7 @@ def test_f04_a_redis_restart_whose_aof_load_outlasts_a_lease_reruns_nothing(
     """The finding as reported: Redis restarts and loads its AOF for longer than a lease, so
     its uptime is past the lease when it answers again; sweepers took that for "no restart"
     and requeued live rollouts, which ran twice. Here the workers saw Redis loading, so they
-    leave the leases to their holders for a lease."""
+    leave the leases to their holders."""
     lease = float(TEST_ENV["ROLLOUT_FLEET_LEASE_SECONDS"])
     server = RedisServer(appendonly=True, data_dir=tmp_path / "redis").start()
     ballast = redis.Redis.from_url(server.url_for(1), socket_timeout=None)
@@ -166,41 +183,18 @@ def test_f04_a_redis_restart_whose_aof_load_outlasts_a_lease_reruns_nothing(
     while ballast.info("persistence")["aof_rewrite_in_progress"]:
         time.sleep(0.2)
     ballast.close()
-    fleet = LocalFleet(
-        agent=SCRIPTED_AGENT,
-        redis_url=server.url,
-        workers=2,
-        mock_trainer="calculator",
-        env=dict(TEST_ENV),
-        log_dir=tmp_path / "fleet",
-    ).start()
+    fleet = fleet_on(server, tmp_path)
+    assert server.process is not None
     try:
-        ids = [new_id("loading") for _ in range(10)]
-        for rollout_id in ids:
-            body = v1_body(fleet.mock_trainer_url, rollout_id, metadata=script({"sleep": 20}))
-            response = httpx.post(f"{fleet.gateway_url}/v1/rollout/init", json=body)
-            assert response.status_code == 202, response.text
-        records = [f"{fleet.key_prefix}:v1:{i}" for i in ids]
-        client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=None)
-        deadline = time.monotonic() + 30
-        while any(client.hget(r, "status") != "running" for r in records):
-            assert time.monotonic() < deadline, "the rollouts never all ran"
-            time.sleep(0.1)
-        client.close()
-        assert server.process is not None
+        records = running(fleet, server, "loading", 20)
         server.process.kill()
         started = time.monotonic()
         server.start(timeout=120)
         loaded = time.monotonic() - started
         if loaded < lease + 0.5:
             pytest.skip(f"the AOF loaded in {loaded:.1f}s, within a lease: nothing to see")
-        client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=None)
-        deadline = time.monotonic() + 90
-        while any(client.hget(r, "status") != "success" for r in records):
-            assert time.monotonic() < deadline, [client.hgetall(r) for r in records]
-            time.sleep(0.2)
-        assert [client.hget(r, "attempt") for r in records] == ["1"] * len(records), loaded
-        client.close()
+        wait_statuses(server, records, "success", 90)
+        assert attempts(server, records) == ["1"] * HELD, loaded
     finally:
         fleet.stop()
         server.stop()
