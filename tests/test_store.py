@@ -15,7 +15,7 @@ from celery import Celery
 from redis.asyncio import Redis
 
 from rollout_core.protocols import v2 as v2_records
-from rollout_core.queue.envelope import task_message
+from rollout_core.queue.envelope import admission_message, task_message
 from rollout_core.settings import FleetSettings
 from rollout_core.store import (
     AdmitOutcome,
@@ -523,3 +523,75 @@ async def test_f09_a_lost_message_behind_hundreds_of_long_running_ones_is_found(
     await redis.hset(UNACKED, "tag-lost", entry)
     await redis.zadd(UNACKED_INDEX, {"tag-lost": taken_at + 1})
     assert await store.stale_deliveries(time.time() - 30, 500) == [("tag-lost", lost)]
+
+
+async def gateway_admitted(store: RecordStore, record_id: str) -> RecordKey:
+    """A v1 rollout admitted as a gateway admits one: its admission message is pushed to the
+    back of the queue and its record names the message's task."""
+    key = store.keys.record("v1", record_id)
+    message, names = admission_message(Celery("t"), key, record_id, "q", {})
+    assert (await store.admit_begin(key, "tok", 5)).start is AdmitStart.LEAD
+    assert await store.admit_commit(key, "tok", 60, message, {**PROTOCOL, **names})
+    return key
+
+
+async def sent_to_check(redis: Redis, store: RecordStore) -> tuple[set[RecordKey], int]:
+    """What one lost-message check finds, and how many bytes Redis sent while it ran."""
+    before = int((await redis.info("stats"))["total_net_output_bytes"])
+    found = await store.waiting_without_message()
+    after = int((await redis.info("stats"))["total_net_output_bytes"])
+    return found, after - before
+
+
+async def test_f10_the_lost_message_check_costs_the_same_behind_any_backlog(
+    store: RecordStore, redis: Redis
+) -> None:
+    """Finding 10: the check read the whole queue (and parsed every message) once a minute,
+    so its cost grew with the backlog (v1's queue is unbounded). Now it reads the queue's
+    tail up to the oldest admission message: what Redis sends for a check is the same with
+    100 rollouts waiting and with 3000, and the lost one is found either way."""
+    costs = []
+    for backlog in (100, 3000):
+        await redis.flushdb()
+        lost = await gateway_admitted(store, "lost")
+        for n in range(backlog):
+            await gateway_admitted(store, f"waiting-{n}")
+        assert await redis.rpop("q")  # a worker took the oldest message and died at once
+        found, sent = await sent_to_check(redis, store)
+        assert found == {lost}
+        costs.append(sent)
+    small, large = costs
+    assert large < small + 5_000, f"a check sent {small} bytes behind 100, {large} behind 3000"
+
+
+async def test_f10_front_pushes_are_read_and_only_rollouts_admitted_before_the_frontier_count(
+    store: RecordStore, redis: Redis
+) -> None:
+    """The queue's tail holds messages pushed to the front (requeues, restores) before the
+    admission messages: a rollout whose front message waits there is not lost, one whose
+    front message was taken and vanished is, and rollouts admitted after the oldest admission
+    message still queued are not even looked at."""
+    keys = [await gateway_admitted(store, f"r{n}") for n in range(6)]
+    for _ in range(4):  # r0..r3's admission messages taken; r4, r5 still queued
+        assert await redis.rpop("q")
+    await redis.rpush("q", task_message(Celery("t"), keys[0], "r0", "q"))  # r0 requeued
+    entry = json.dumps([json.loads(task_message(Celery("t"), keys[1], "r1", "q")), "", "q"])
+    await redis.hset(UNACKED, "tag-r1", entry)  # r1 taken, not started yet
+    await store.claim(keys[2], "w", "w", 60, 5)  # r2 running; r3's message vanished
+    assert await store.waiting_without_message() == {keys[3]}
+    await redis.delete("q")  # r0's requeue message and r4, r5's admission messages vanish
+    assert await store.waiting_without_message() == {keys[0], keys[3], keys[4], keys[5]}
+
+
+async def test_f10_a_long_front_part_skips_the_check_rather_than_read_the_backlog(
+    store: RecordStore, redis: Redis
+) -> None:
+    """A mass requeue puts thousands of messages at the front: the check reads at most its
+    page limit and judges nothing (a later check will), instead of reading them all."""
+    lost = await gateway_admitted(store, "lost")
+    await redis.delete("q")
+    waiting = [await gateway_admitted(store, f"w{n}") for n in range(30)]
+    for key in waiting:
+        await redis.rpush("q", task_message(Celery("t"), key, "-", "q"))
+    assert await store.waiting_without_message(limit=20) == set()
+    assert await store.waiting_without_message(limit=40) == {lost}

@@ -14,6 +14,7 @@ import base64
 import json
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -22,6 +23,11 @@ from kombu.serialization import dumps
 from rollout_core.store.schema import RecordField
 
 TASK_NAME = "rollout.run"
+# Marks the message an admission pushes to the back of the queue. kombu marks a message it
+# pushes again (a restore) as ``redelivered``; every other push of ours goes to the front. The
+# lost-message check leans on it: see ``RecordStore.waiting_without_message``.
+ADMITTED_HEADER = "rollout_admitted"
+REDELIVERED_HEADER = "redelivered"
 
 
 def new_task_id() -> str:
@@ -37,7 +43,9 @@ def admission_message(
     """An admission's message, and the record field that names it (its task id: what
     Flower's Revoke of this message names)."""
     task_id = new_task_id()
-    message = task_message(app, record_key, label, queue, trace, task_id=task_id)
+    headers: dict[str, str | bool] = {name: value for name, value in trace.items()}
+    headers[ADMITTED_HEADER] = True
+    message = task_message(app, record_key, label, queue, headers, task_id=task_id)
     return message, {RecordField.TASK: task_id}
 
 
@@ -46,13 +54,13 @@ def task_message(
     record_key: str,
     label: str,
     queue: str,
-    trace: Mapping[RecordField, str] | None = None,
+    headers: Mapping[str, str | bool] | None = None,
     task_id: str | None = None,
 ) -> str:
     """The queued form of ``rollout.run(record_key)``; ``label`` is what Flower shows as args.
 
-    The message carries only the record key (the request and its secrets stay in Redis) and,
-    as headers, the admission's ``trace`` context.
+    The message carries only the record key (the request and its secrets stay in Redis) and
+    extra ``headers``: the admission's trace context, and whether an admission pushed it.
     """
     message = app.amqp.as_task_v2(
         task_id or new_task_id(),
@@ -62,7 +70,7 @@ def task_message(
         kwargsrepr="{}",
         ignore_result=True,
     )
-    for name, value in (trace or {}).items():
+    for name, value in (headers or {}).items():
         message.headers[name] = value
     content_type, content_encoding, body = dumps(message.body, serializer="json")
     raw = body.encode(content_encoding) if isinstance(body, str) else body
@@ -84,11 +92,24 @@ def task_message(
     )
 
 
-def record_of_message(raw: str) -> str | None:
-    """The record key a queued message is for (``None`` if it is not a rollout's)."""
+@dataclass(frozen=True)
+class QueuedMessage:
+    """What the lost-message check needs to know of a message in the queue."""
+
+    record: str  # the record key it runs
+    task_id: str
+    admitted: bool  # pushed by its rollout's admission and never pushed again since
+
+
+def read_queued(raw: str) -> QueuedMessage | None:
+    """A queued message's facts (``None`` if it is not a rollout's)."""
     try:
-        return _record_of(json.loads(raw))
-    except (ValueError, LookupError, TypeError):
+        message = json.loads(raw)
+        record = _record_of(message)
+        headers = message["headers"]
+        admitted = bool(headers.get(ADMITTED_HEADER)) and not headers.get(REDELIVERED_HEADER)
+        return None if record is None else QueuedMessage(record, str(headers["id"]), admitted)
+    except (ValueError, LookupError, TypeError, AttributeError):
         return None
 
 
@@ -108,10 +129,12 @@ def _record_of(message: dict[str, Any]) -> str | None:
 
 
 __all__ = [
+    "ADMITTED_HEADER",
     "TASK_NAME",
+    "QueuedMessage",
     "admission_message",
     "new_task_id",
+    "read_queued",
     "record_of_delivery",
-    "record_of_message",
     "task_message",
 ]

@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rollout_core.queue.envelope import record_of_delivery, record_of_message
+from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_delivery
 from rollout_core.settings import FleetSettings
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.replies import (
@@ -447,9 +447,10 @@ class RecordStore:
             pipe.lindex(self.queue, -1)  # kombu takes messages from this end: the oldest
             depth, oldest = await pipe.execute()
         age = 0.0
-        key = record_of_message(oldest) if oldest else None
-        if key is not None:
-            accepted = (await self.load(RecordKey(key), RecordField.ACCEPTED_AT)).accepted_at
+        message = read_queued(oldest) if oldest else None
+        if message is not None:
+            record = RecordKey(message.record)
+            accepted = (await self.load(record, RecordField.ACCEPTED_AT)).accepted_at
             if accepted is not None:
                 age = max(0.0, await self.clock() - accepted / 1000)
         return FleetFigures(
@@ -683,36 +684,84 @@ class RecordStore:
         keys = [key, UNACKED, UNACKED_INDEX, self.queue]
         return bool(await self._run("restore", keys, [tag, message]))
 
-    async def waiting_without_message(self, batch: int = 1000) -> set[RecordKey]:
+    async def waiting_without_message(self, limit: int = 2000) -> set[RecordKey]:
         """Rollouts waiting for a worker whose message is neither in the queue nor among the
-        messages workers took: lost on its way to a worker. A snapshot: a message moving
-        between the two at the wrong moment makes a false suspect (see the sweeper)."""
-        waiting = await self._unleased_active()
-        if not waiting:
+        messages workers took: lost on its way to a worker (kombu takes a message from the
+        queue's tail and records it as taken in two steps).
+
+        The work follows the rollouts in flight, not the backlog. Admissions push their
+        message to the back of the queue in admission order (the ``active`` index's order)
+        and every other push of the fleet goes to the front, so the queue reads, from the
+        tail: front pushes, then admission messages oldest first. Reading from the tail up
+        to the first admission message F, every rollout admitted before F either has a
+        message among those read or had its admission message taken by a worker; only
+        those are looked up, however long the queue behind F. A front part longer than
+        ``limit`` messages (a mass requeue being worked off) skips this check. A snapshot: a
+        message moving at the wrong moment makes a false suspect (the sweeper resends only on
+        two checks in a row)."""
+        scan = await self._read_queue_tail(limit)
+        if scan is None:
+            return set()
+        seen, admitted_before = scan
+        candidates = cast(
+            list[str],
+            await self._redis.zrangebyscore(self.keys.active, "-inf", f"({admitted_before}"),
+        )
+        candidates = [key for key in candidates if key not in seen]
+        if not candidates:
             return set()
         async with self._redis.pipeline(transaction=False) as pipe:
-            for key in waiting:
+            for key in candidates:
                 pipe.hget(key, RecordField.STATUS)
-            statuses = await pipe.execute()
-        waiting = [key for key, status in zip(waiting, statuses, strict=True) if status in WAITING]
+                pipe.zscore(self.keys.leases, key)
+            replies = await pipe.execute()
+        waiting = [
+            key
+            for key, status, lease in zip(candidates, replies[::2], replies[1::2], strict=True)
+            if status in WAITING and lease is None
+        ]
         if not waiting:
             return set()
-        present: set[str | None] = set()
-        for start in itertools.count(0, batch):  # the queue first: messages move to unacked
-            chunk = cast(list[str], await self._redis.lrange(self.queue, start, start + batch - 1))
-            present.update(map(record_of_message, chunk))
-            if len(chunk) < batch:
-                break
-        unacked = cast(list[str], await self._redis.hvals(UNACKED))
-        present.update(map(record_of_delivery, unacked))
-        return {RecordKey(key) for key in waiting if key not in present}
+        taken = set(map(record_of_delivery, cast(list[str], await self._redis.hvals(UNACKED))))
+        return {RecordKey(key) for key in waiting if key not in taken}
 
-    async def _unleased_active(self) -> list[str]:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.zrange(self.keys.active, 0, -1)
-            pipe.zrange(self.keys.leases, 0, -1)
-            active, leased = await pipe.execute()
-        return sorted(set(active) - set(leased))
+    async def _read_queue_tail(self, limit: int) -> tuple[set[str], int] | None:
+        """The records of the messages at the queue's tail up to its oldest admission, and
+        the time (ms) before which every rollout admitted is behind that part; ``None`` if
+        the front part is longer than ``limit`` messages. Admissions share milliseconds, so
+        the read goes on past the oldest admission's millisecond: every message of a rollout
+        admitted within it has been read then. Reads double in size from a few messages: the
+        front part is usually empty."""
+        started = _ms(await self.clock())
+        seen: set[str] = set()
+        oldest: int | None = None
+        read, size = 0, 8
+        while read < limit:
+            size = min(size, limit - read)
+            chunk = cast(list[str], await self._redis.lrange(self.queue, -read - size, -read - 1))
+            for raw in reversed(chunk):  # from the tail
+                message = read_queued(raw)
+                if message is None or not self.keys.owns(message.record):
+                    continue
+                seen.add(message.record)
+                if not message.admitted or not (at := await self._admission_time(message)):
+                    continue
+                if oldest is None:
+                    oldest = at
+                elif at > oldest:
+                    return seen, oldest + 1
+            if len(chunk) < size:
+                return seen, started  # read to the end: all of it was seen
+            read, size = read + size, size * 2
+        return None
+
+    async def _admission_time(self, message: QueuedMessage) -> int | None:
+        """When the rollout of an admission message was admitted (ms), if the message is its
+        current admission's (a record admitted again since keeps a new time)."""
+        task, accepted = await self._redis.hmget(
+            message.record, [RecordField.TASK, RecordField.ACCEPTED_AT]
+        )
+        return int(accepted) if task == message.task_id and accepted else None
 
     async def resend(self, key: RecordKey, message: str, guard_seconds: float) -> bool:
         """Give a waiting rollout whose message was lost a new one (once per guard period)."""
