@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,3 +134,15 @@ def v2_fleet(*, env: dict[str, str] | None = None, **options: Any) -> Any:
     return module_fleet(
         SCRIPTED_V2_AGENT, handle=V2FleetUnderTest, env={**V2_ENV, **(env or {})}, **options
     )
+
+
+@pytest.fixture(scope="session")
+def chromium() -> dict[str, Any]:
+    """How to launch headless Chromium: Debian's ``chromium`` (what CI installs), else
+    Playwright's own build, downloaded once."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+    system = shutil.which("chromium") or shutil.which("chromium-browser")
+    if system:
+        return {"executable_path": system, "args": flags}
+    subprocess.run([sys.executable, "-m", "playwright", "install", "chromium"], check=True)
+    return {"args": flags}

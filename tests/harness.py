@@ -4,7 +4,11 @@ and a handle on a running fleet (its gateway, its Redis database, its process lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import shutil
+import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -270,3 +274,139 @@ class V2FleetUnderTest(FleetUnderTest):
     def close(self) -> None:
         super().close()
         self.poller.close()
+
+
+class PartitionProxy:
+    """A TCP proxy to ``target`` whose path can be cut and healed like a network partition.
+
+    While cut, nothing crosses either way: what either side sends is held, as a partitioned
+    network holds it (new connections are accepted, then carry nothing). Healing delivers
+    what was held and carries on. A connection its client closes while cut (it gave up: a
+    command timed out) is dropped with whatever it had not delivered (see
+    :meth:`wait_for_give_up`). One proxy per process cuts processes off one at a time."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._cut = False
+        self._pipes: list[_HeldPipe] = []
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._given_up = threading.Event()  # a client closed a connection while cut
+        threading.Thread(target=self._accept, daemon=True, name=f"proxy-{self.port}").start()
+
+    def url(self, database: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{database}"
+
+    def cut(self) -> None:
+        """From now on nothing crosses, either way, on any connection."""
+        self._cut = True
+
+    def wait_for_give_up(self, timeout: float) -> bool:
+        """Wait, while cut, until a client gives up a connection (closes it: a command of its
+        timed out); whether one did within ``timeout`` seconds."""
+        self._given_up.clear()
+        return self._given_up.wait(timeout)
+
+    def heal(self) -> None:
+        """Deliver what was held, then carry everything again."""
+        with self._lock:
+            self._cut = False
+            pipes = list(self._pipes)
+        for pipe in pipes:
+            pipe.flush()
+
+    @property
+    def is_cut(self) -> bool:
+        return self._cut
+
+    def close(self) -> None:
+        """Stop accepting and drop every connection."""
+        with self._lock:
+            sockets = [self._listener, *self._sockets]
+        for sock in sockets:
+            _drop(sock)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:
+                _drop(client)  # the target is down: refused, as it would be directly
+                continue
+            self._link(client, upstream)
+
+    def _link(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Carry one connection: a pump thread each way."""
+        to_upstream, to_client = _HeldPipe(self, upstream), _HeldPipe(self, client)
+        with self._lock:
+            self._sockets += [client, upstream]
+            self._pipes += [to_upstream, to_client]
+        ends = (client, upstream)
+        for source, pipe in ((client, to_upstream), (upstream, to_client)):
+            pump = (source, pipe, source is client, ends)
+            threading.Thread(target=self._pump, args=pump, daemon=True).start()
+
+    def _pump(
+        self,
+        source: socket.socket,
+        pipe: _HeldPipe,
+        from_client: bool,
+        ends: tuple[socket.socket, socket.socket],
+    ) -> None:
+        """Carry one direction of one connection until either end closes it."""
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                pipe.send(data)
+        if from_client and self._cut:
+            self._given_up.set()
+        with self._lock:
+            self._pipes.remove(pipe)
+            self._sockets = [sock for sock in self._sockets if sock not in ends]
+        for sock in ends:
+            _drop(sock)
+
+
+class _HeldPipe:
+    """One direction of one proxied connection: holds what is sent while its proxy is cut."""
+
+    def __init__(self, proxy: PartitionProxy, destination: socket.socket) -> None:
+        self._proxy = proxy
+        self._destination = destination
+        self._held = bytearray()
+        self._lock = threading.Lock()  # keeps held bytes ahead of newer ones
+
+    def send(self, data: bytes) -> None:
+        with self._lock:
+            self._held += data
+            if not self._proxy.is_cut:
+                self._deliver()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        with contextlib.suppress(OSError):  # the other end is gone: its pump drops the link
+            self._destination.sendall(self._held)
+        self._held.clear()
+
+
+def _drop(sock: socket.socket) -> None:
+    """Close ``sock``, waking a thread blocked on it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def screenshot_dir(name: str) -> Path:
+    """Where a test keeps what it saw (``test-output/`` is git-ignored)."""
+    folder = REPO / "test-output" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -187,23 +184,3 @@ def stack(
     finally:
         compose.down()
         monitor.stop()
-
-
-@pytest.fixture(scope="session")
-def chromium() -> dict[str, Any]:
-    """How to launch headless Chromium: Debian's ``chromium`` (what CI installs), else
-    Playwright's own build, downloaded once."""
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-    system = shutil.which("chromium") or shutil.which("chromium-browser")
-    if system:
-        return {"executable_path": system, "args": flags}
-    subprocess.run([sys.executable, "-m", "playwright", "install", "chromium"], check=True)
-    return {"args": flags}
-
-
-def screenshot_dir(name: str) -> Path:
-    """Where a test keeps what it saw (``test-output/`` is git-ignored)."""
-    folder = REPO / "test-output" / name
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder

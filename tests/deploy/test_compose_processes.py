@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from rollout_fleet.processes import wait_until
-from tests.deploy.conftest import Stack, screenshot_dir
-from tests.harness import MockTrainGateClient, admit_all, calculator_bodies
+from tests.deploy.conftest import Stack
+from tests.harness import MockTrainGateClient, admit_all, calculator_bodies, screenshot_dir
 
 ROLLOUTS = 50
 

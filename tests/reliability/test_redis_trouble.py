@@ -4,6 +4,8 @@ Finding 17: against a Redis that stopped answering (blackholed: SIGSTOP, a dead 
 partition) one call gives up within the store's retry budget (about 10 s) and the gateway
 answers 503, instead of hanging (before: about 56 s, or for ever on an open connection).
 Finding 6: fleets sharing a Redis database keep to their own messages.
+Finding 4: after Redis was away (stopped, a long AOF load, a partition), sweepers leave lapsed
+leases to their live holders.
 """
 
 from __future__ import annotations
@@ -20,9 +22,17 @@ import redis
 
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX
 from rollout_fleet.local import LocalFleet
+from rollout_fleet.processes import wait_until
 from rollout_fleet.redis_server import RedisServer
 from tests.conftest import TEST_ENV, StartFleet
-from tests.harness import SCRIPTED_AGENT, MockTrainGateClient, new_id, script, v1_body
+from tests.harness import (
+    SCRIPTED_AGENT,
+    MockTrainGateClient,
+    PartitionProxy,
+    new_id,
+    script,
+    v1_body,
+)
 
 # Three times the store's retry budget (RETRY_BUDGET_SECONDS, 10 s): a bound on hanging, not
 # a speed target.
@@ -141,6 +151,13 @@ def attempts(server: RedisServer, records: list[str]) -> list[str | None]:
         return [client.hget(r, "attempt") for r in records]
 
 
+def callbacks(trainer: MockTrainGateClient, records: list[str]) -> list[int]:
+    """How many completion callbacks the mock TrainGate received for each record."""
+    time.sleep(2)  # a second callback would come now
+    deliveries = trainer.deliveries()
+    return [len(deliveries.get(r.rsplit(":", 1)[1], [])) for r in records]
+
+
 def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_rollouts(
     tmp_path: Path,
 ) -> None:
@@ -159,9 +176,7 @@ def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_ro
         server.process.signal(signal.SIGCONT)
         wait_statuses(server, records, "success", 60)
         assert attempts(server, records) == ["1"] * HELD
-        time.sleep(2)  # a second callback would come now
-        deliveries = trainer.deliveries()
-        assert [len(deliveries.get(r.rsplit(":", 1)[1], [])) for r in records] == [1] * HELD
+        assert callbacks(trainer, records) == [1] * HELD
     finally:
         server.process.signal(signal.SIGCONT)
         fleet.stop()
@@ -197,4 +212,65 @@ def test_f04_a_redis_restart_whose_aof_load_outlasts_a_lease_reruns_nothing(
         assert attempts(server, records) == ["1"] * HELD, loaded
     finally:
         fleet.stop()
+        server.stop()
+
+
+# The partition test's lease: its two-lease hold-off after trouble outlasts the gap between
+# the heals plus the holder's retry backoff (at most 2 s) by seconds.
+PARTITION_LEASE = 4
+HEAL_GAP = 3.0  # seconds from the idle worker's heal to the holder's
+GIVE_UP_WAIT = 6.0  # twice the store's command timeout: a call gives up within it
+PARTITIONED_SLEEP = 30  # each rollout's run: it outlasts the partition and both heals
+
+
+def start_worker_through(fleet: LocalFleet, index: int, proxy: PartitionProxy) -> None:
+    """Start worker ``index`` reaching Redis (its store and its broker) through ``proxy``;
+    wait until the gateway counts it."""
+    fleet.start_worker(index, {**fleet.process_env(), "REDIS_URL": proxy.url()})
+    wait_until(lambda: fleet.readiness().workers >= index, 60, f"worker {index}")
+
+
+def test_f04_a_partition_healing_first_for_an_idle_worker_reruns_nothing(
+    tmp_path: Path,
+) -> None:
+    """Finding 4, a partition without a restart that heals at different times for different
+    hosts. Worker H runs every rollout, worker S none; both lose Redis (each through a proxy
+    of its own) for longer than a lease, so H's leases lapse. S's path heals first, H's
+    seconds later. Redis never restarted (its uptime is large), so S took H's leases for a
+    dead worker's and requeued its live rollouts at once: each ran twice (attempt 2, H's
+    execution stopped). Now S, having lost Redis itself, leaves lapsed leases alone for two
+    leases, and H renews them first."""
+    server = RedisServer(data_dir=tmp_path / "redis").start()
+    fleet = LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=server.url,  # the gateway's: only the workers are cut off
+        workers=0,
+        mock_trainer="calculator",
+        env={**TEST_ENV, "ROLLOUT_FLEET_LEASE_SECONDS": str(PARTITION_LEASE)},
+        log_dir=tmp_path / "fleet",
+    ).start()
+    holder, idle = (PartitionProxy(("127.0.0.1", server.port)) for _ in range(2))
+    trainer = MockTrainGateClient(fleet.mock_trainer_url)
+    try:
+        start_worker_through(fleet, 1, holder)
+        records = running(fleet, server, "partitioned", PARTITIONED_SLEEP)
+        start_worker_through(fleet, 2, idle)
+        holder.cut()
+        idle.cut()
+        time.sleep(PARTITION_LEASE + 1)  # every lease has lapsed
+        # Heal S just as one of its calls gives up (it counts Redis as away from then on), or
+        # at the latest after the wait.
+        idle.wait_for_give_up(GIVE_UP_WAIT)
+        idle.heal()
+        time.sleep(HEAL_GAP)  # S sweeps meanwhile: leases lapsed, Redis up for long
+        holder.heal()
+        wait_statuses(server, records, "success", 90)
+        assert attempts(server, records) == ["1"] * HELD
+        assert callbacks(trainer, records) == [1] * HELD
+    finally:
+        for proxy in (holder, idle):
+            proxy.heal()  # the workers stop cleanly
+        fleet.stop()
+        for proxy in (holder, idle):
+            proxy.close()
         server.stop()
