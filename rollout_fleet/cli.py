@@ -8,6 +8,7 @@ rollout-fleet mock-trainer --responder calculator
 rollout-fleet probe gateway --port 8000
 rollout-fleet status <rollout id>    rollout-fleet ls --status running --older-than 600
 rollout-fleet cancel <rollout id>... rollout-fleet export -o trajectories.jsonl
+rollout-fleet eval run configs/eval/default.toml --name nightly
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ from rich.table import Table
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.cli import mock_trainer
+from rollout_sdk.evaluation.command import eval_app
 
 if TYPE_CHECKING:
     from rollout_core.store import RecordStore
     from rollout_core.views import RolloutView
+    from rollout_fleet.evaluation import FleetExecutor
+    from rollout_sdk.evaluation.config import EvalConfig
+    from rollout_sdk.loader import Agent
+    from rollout_sdk.localrun.runner import RunOptions
 
 T = TypeVar("T")
 
@@ -43,6 +49,15 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("mock-trainer")(mock_trainer)
+
+
+def _on_a_fleet(agent: Agent, config: EvalConfig, options: RunOptions) -> FleetExecutor:
+    from rollout_fleet.evaluation import FleetExecutor
+
+    return FleetExecutor(agent, config, options)
+
+
+app.add_typer(eval_app(_on_a_fleet, "on a fleet: [fleet] gateway_url, or one started"), name="eval")
 probe = typer.Typer(help="Health probes for orchestrators: exit 0 if healthy, else 1.")
 app.add_typer(probe, name="probe")
 console = Console()

@@ -4,7 +4,6 @@ gateway + Celery worker processes, each fleet in its own Redis database."""
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from rollout_fleet.local import LocalFleet, fleet_command
-from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
+from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
 from tests.harness import (
     SCRIPTED_AGENT,
@@ -23,6 +21,7 @@ from tests.harness import (
     FleetUnderTest,
     MockTrainGateClient,
     V2FleetUnderTest,
+    start_mock_trainer,
 )
 from tests.seed_examples import SHARED, write_examples
 
@@ -58,15 +57,7 @@ def seed_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def mock_trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockTrainGateClient]:
-    port = free_port()
-    process = ManagedProcess(
-        "mock-trainer",
-        fleet_command("mock-trainer", "--port", str(port), "--responder", "calculator"),
-        dict(os.environ),
-        tmp_path_factory.mktemp("mock-trainer") / "mock-trainer.log",
-    ).start()
-    wait_until(lambda: port_open(port), 30, "the mock TrainGate")
-    client = MockTrainGateClient(f"http://127.0.0.1:{port}")
+    process, client = start_mock_trainer("calculator", tmp_path_factory.mktemp("mock-trainer"))
     yield client
     process.stop()
 

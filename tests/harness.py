@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import socket
 import threading
@@ -20,7 +21,8 @@ from typing import Any
 import httpx
 import redis
 
-from rollout_fleet.local import LocalFleet
+from rollout_fleet.local import LocalFleet, fleet_command
+from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_sdk.client import RolloutClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -410,3 +412,16 @@ def screenshot_dir(name: str) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     return folder
+
+
+def start_mock_trainer(responder: str, log_dir: Path) -> tuple[ManagedProcess, MockTrainGateClient]:
+    """A mock TrainGate process answering with ``responder``; stop the process when done."""
+    port = free_port()
+    process = ManagedProcess(
+        "mock-trainer",
+        fleet_command("mock-trainer", "--port", str(port), "--responder", responder),
+        dict(os.environ),
+        log_dir / "mock-trainer.log",
+    ).start()
+    wait_until(lambda: port_open(port), 30, "the mock TrainGate")
+    return process, MockTrainGateClient(f"http://127.0.0.1:{port}")

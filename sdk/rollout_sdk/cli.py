@@ -4,6 +4,7 @@ rollout-sdk validate -m server:agent_loop
 rollout-sdk test -m server:agent_loop -d rows.jsonl --base-url http://localhost:8000/v1 --model m
 rollout-sdk serve -m server:agent_loop --local -p 9000
 rollout-sdk mock-trainer --responder calculator -p 9001
+rollout-sdk eval run configs/eval/default.toml --name first-try
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 try:
     import typer
@@ -21,7 +22,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise SystemExit("the CLI needs typer: pip install 'rollout-sdk[cli]'") from exc
 
 from rollout_sdk.core.base import RolloutAgentLoop
+from rollout_sdk.evaluation.command import eval_app
 from rollout_sdk.loader import Agent, AgentLoadError, load_agent, load_agent_loop, split_reference
+
+if TYPE_CHECKING:
+    from rollout_sdk.evaluation.config import EvalConfig
+    from rollout_sdk.evaluation.run import Executor
+    from rollout_sdk.localrun.runner import RunOptions
 
 app = typer.Typer(
     name="rollout-sdk",
@@ -29,6 +36,15 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _in_process(agent: Agent, config: EvalConfig, options: RunOptions) -> Executor:
+    from rollout_sdk.evaluation.local import LocalExecutor
+
+    return LocalExecutor(agent, options, default_in_flight=config.batch_size or 1)
+
+
+app.add_typer(eval_app(_in_process, "in this process"), name="eval")
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 

@@ -5,7 +5,8 @@ v1 agents post the TrainGate's dialect to ``{bridge}/v1/chat/completions`` (thei
 tools are added to every call, as a trainer would); v2 agents post OpenAI's own dialect to
 ``{bridge}/v1/rollouts/<rollout id>/chat/completions``, streamed or not. The bridge keeps each
 rollout's token usage, upstream failures and (when asked) a trace of its calls, and lets a
-:class:`Stepper` pause before every call (the interactive mode).
+:class:`Stepper` pause before every call (the interactive mode). For v1 rollouts run by a fleet
+(an evaluation) it also takes their completion callbacks, as a trainer would.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rollout_sdk.core.schemas import MessageDict
+from rollout_sdk.core.schemas import MessageDict, RolloutResponse
 
 # Upstream answers that no retry fixes: the batch stops rather than fail every row the same way.
 FATAL_STATUSES = {401: "authentication failed", 403: "access denied", 429: "quota or rate limit"}
 UPSTREAM_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
-# The TrainGate dialect's fields that mean nothing to an OpenAI-compatible endpoint.
+# The TrainGate dialect's fields that mean nothing to an OpenAI-compatible endpoint (v1), and
+# what fleet workers ask a TrainGate for to keep token ids (v2), which such an endpoint may
+# refuse: the bridge drops them.
 V1_ONLY_FIELDS = ("rollout_id", "logprobs")
+TOKEN_ID_FIELDS = ("return_token_ids", "logprobs")
 
 
 class Stepper(Protocol):
@@ -54,6 +58,14 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    def token_usage(self) -> dict[str, int]:
+        """As a row result reports it."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
 
     def add(self, usage: dict[str, Any] | None) -> None:
         usage = usage or {}
@@ -124,22 +136,25 @@ class LLMBridge:
         self.fatal: str | None = None  # why the batch must stop (auth, quota, unreachable)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(headers=headers, timeout=UPSTREAM_TIMEOUT)
+        self._completions: dict[str, asyncio.Future[RolloutResponse]] = {}
         self._server: uvicorn.Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self.url = ""
 
-    async def start(self) -> str:
-        """Serve on a free loopback port; returns the bridge's URL."""
+    async def start(self, host: str = "127.0.0.1") -> str:
+        """Serve on a free port of ``host`` (loopback unless a fleet elsewhere must reach
+        it); returns the bridge's URL."""
         app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._v1_call, methods=["POST"]),
+                Route("/v1/rollout/completed", self._v1_completed, methods=["POST"]),
                 Route(
                     "/v1/rollouts/{rollout_id}/chat/completions", self._v2_call, methods=["POST"]
                 ),
             ]
         )
         listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
+        listener.bind((host, 0))
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._serving = asyncio.create_task(self._server.serve(sockets=[listener]))
@@ -147,7 +162,7 @@ class LLMBridge:
             if self._serving.done():
                 await self._serving  # raises why it could not start
             await asyncio.sleep(0.01)
-        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        self.url = f"http://{host}:{listener.getsockname()[1]}"
         return self.url
 
     async def stop(self) -> None:
@@ -159,6 +174,15 @@ class LLMBridge:
     def usage_of(self, rollout_id: str) -> Usage:
         return self.usage.setdefault(rollout_id, Usage())
 
+    def completion_of(self, rollout_id: str) -> asyncio.Future[RolloutResponse]:
+        """The v1 completion callback of ``rollout_id``, once it is posted here."""
+        return self._completions.setdefault(rollout_id, asyncio.get_running_loop().create_future())
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop what the bridge kept of a finished rollout."""
+        for kept in (self.usage, self.tools, self._completions):
+            kept.pop(rollout_id, None)
+
     # --- routes ---------------------------------------------------------------------------
 
     async def _v1_call(self, request: Request) -> Response:
@@ -169,8 +193,18 @@ class LLMBridge:
             openai_body["tools"] = self.tools[rollout_id]
         return await self._forward(rollout_id, openai_body)
 
+    async def _v1_completed(self, request: Request) -> Response:
+        try:
+            response = RolloutResponse.model_validate(await _json(request))
+        except ValueError as exc:
+            return JSONResponse({"detail": f"not a completion: {exc}"}, status_code=400)
+        waiter = self.completion_of(response.rollout_id)
+        if not waiter.done():  # a repeated callback changes nothing
+            waiter.set_result(response)
+        return JSONResponse({"status": "ok"})
+
     async def _v2_call(self, request: Request) -> Response:
-        body = await _json(request)
+        body = {k: v for k, v in (await _json(request)).items() if k not in TOKEN_ID_FIELDS}
         return await self._forward(request.path_params["rollout_id"], body)
 
     async def _forward(self, rollout_id: str, body: dict[str, Any]) -> Response:

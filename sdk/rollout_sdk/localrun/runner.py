@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
 from rollout_sdk.client import OsmosisLLMClient
@@ -28,7 +28,12 @@ from rollout_sdk.loader import Agent
 from rollout_sdk.localrun.bridge import LLMBridge
 from rollout_sdk.localrun.dataset import DatasetRow
 from rollout_sdk.runner import ToolsError, prepare_rollout, run_agent_loop
-from rollout_sdk.types import ExecutionRequest, RolloutErrorCategory, RolloutStatus
+from rollout_sdk.types import (
+    ExecutionRequest,
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+)
 
 LOCAL_SERVER_URL = "http://local-rollout.local"  # what the spec's test rows carry; unused
 MAX_TOKENS_TOTAL = 4096
@@ -66,6 +71,8 @@ class RunOptions:
     max_turns: int = 10
     completion_params: dict[str, Any] = field(default_factory=dict)
     log_dir: Path | None = None  # per-rollout traces: <log_dir>/<rollout_id>.jsonl
+    agent_timeout_s: float | None = None  # v2 workflow deadline
+    grader_timeout_s: float | None = None  # v2 grader deadline
 
 
 def rollout_id_of(row: DatasetRow) -> str:
@@ -99,21 +106,24 @@ class LocalRunner:
         self.options = options or RunOptions()
         self._settings = settings or get_settings()
 
-    async def run_row(self, row: DatasetRow) -> RowResult:
-        rollout_id = rollout_id_of(row)
+    async def run_row(
+        self,
+        row: DatasetRow,
+        rollout_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> RowResult:
+        """Run one row (as ``rollout_id``, default ``test-<row>``); ``metadata`` is added to
+        the request's (an evaluation's sample index)."""
+        rollout_id = rollout_id or rollout_id_of(row)
         started = time.monotonic()
         if isinstance(self.agent, RolloutAgentLoop):
-            result = await self._run_v1(self.agent, row, rollout_id)
+            result = await self._run_v1(self.agent, row, rollout_id, metadata or {})
         else:
-            result = await self._run_v2(self.agent, row, rollout_id)
+            result = await self._run_v2(self.agent, row, rollout_id, metadata or {})
         result.duration_ms = round((time.monotonic() - started) * 1000, 1)
         usage = self.bridge.usage_of(rollout_id)
         result.llm_calls = usage.calls
-        result.token_usage = {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-        }
+        result.token_usage = usage.token_usage()
         if not result.success and usage.errors and result.error_category == AGENT_ERROR:
             result.error_category = LLM_ERROR  # the agent failed because the LLM call did
         await self._write_trace(result)
@@ -147,7 +157,7 @@ class LocalRunner:
         return sorted(results, key=lambda result: result.row_index)
 
     async def _run_v1(
-        self, agent_loop: RolloutAgentLoop, row: DatasetRow, rollout_id: str
+        self, agent_loop: RolloutAgentLoop, row: DatasetRow, rollout_id: str, extra: dict[str, Any]
     ) -> RowResult:
         request = RolloutRequest(
             rollout_id=rollout_id,
@@ -160,6 +170,7 @@ class LocalRunner:
                 "ground_truth": row.ground_truth,
                 "row_index": row.index,
                 **row.extra,
+                **extra,
                 "execution_mode": "test",
                 "test_mode": True,
             },
@@ -192,12 +203,16 @@ class LocalRunner:
             messages=list(response.final_messages),
         )
 
-    async def _run_v2(self, bundle: WorkflowBundle, row: DatasetRow, rollout_id: str) -> RowResult:
+    async def _run_v2(
+        self, bundle: WorkflowBundle, row: DatasetRow, rollout_id: str, extra: dict[str, Any]
+    ) -> RowResult:
         request = ExecutionRequest(
             id=rollout_id,
             prompt=row.messages,
             label=row.ground_truth,
-            metadata=row.metadata or row.extra or None,
+            metadata={**(row.metadata or row.extra), **extra} or None,
+            agent_timeout_sec=self.options.agent_timeout_s,
+            grader_timeout_sec=self.options.grader_timeout_s,
         )
         ctx = V2Context(
             chat_completions_url=f"{self.bridge.url}/v1/rollouts/{rollout_id}",
@@ -205,18 +220,7 @@ class LocalRunner:
             rollout_id=rollout_id,
         )
         result = (await execute_rollout(bundle, request, ctx)).result
-        succeeded = result.status is RolloutStatus.SUCCESS
-        sample = result.sample
-        return RowResult(
-            row_index=row.index,
-            rollout_id=rollout_id,
-            success=succeeded,
-            status=result.status.value,
-            reward=sample.reward if sample is not None else None,
-            error=result.err_message,
-            error_category=result.err_category.value if result.err_category else None,
-            messages=[dict(message) for message in sample.messages] if sample else [],
-        )
+        return v2_row_result(row.index, rollout_id, result)
 
     async def _write_trace(self, result: RowResult) -> None:
         log_dir, traces = self.options.log_dir, self.bridge.traces
@@ -232,6 +236,35 @@ class LocalRunner:
         await asyncio.to_thread(append)
 
 
+class V2Outcome(Protocol):
+    """What a v2 rollout ended with: an execution's result, or a polled wire result."""
+
+    @property
+    def status(self) -> RolloutStatus: ...
+    @property
+    def sample(self) -> RolloutSample | None: ...
+    @property
+    def err_message(self) -> str | None: ...
+    @property
+    def err_category(self) -> RolloutErrorCategory | None: ...
+
+
+def v2_row_result(row_index: int, rollout_id: str, outcome: V2Outcome) -> RowResult:
+    """A v2 rollout's outcome as a row result: the sample's reward and conversation."""
+    sample = outcome.sample
+    succeeded = outcome.status is RolloutStatus.SUCCESS
+    return RowResult(
+        row_index=row_index,
+        rollout_id=rollout_id,
+        success=succeeded,
+        status=outcome.status.value,
+        reward=sample.reward if sample is not None else None,
+        error=outcome.err_message,
+        error_category=outcome.err_category.value if outcome.err_category else None,
+        messages=[dict(message) for message in sample.messages] if sample else [],
+    )
+
+
 def _failed(
     row: DatasetRow, rollout_id: str, message: str, category: RolloutErrorCategory
 ) -> RowResult:
@@ -245,4 +278,4 @@ def _failed(
     )
 
 
-__all__ = ["LocalRunner", "RowResult", "RunOptions", "rollout_id_of"]
+__all__ = ["LocalRunner", "RowResult", "RunOptions", "rollout_id_of", "v2_row_result"]

@@ -1,0 +1,196 @@
+"""The ``eval run`` command, written once for both CLIs: ``rollout-sdk eval run`` runs the
+work items in this process, ``rollout-fleet eval run`` on a fleet. They differ only in the
+executor they make.
+
+``eval run CONFIG.toml`` reads upstream's eval TOML; the v1-era flags work with it or
+without it (``-m MODULE -d DATASET --eval-fn module:fn --n 4 ...``). A flag given wins over
+the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+from rollout_sdk.evaluation.config import (
+    EvalConfig,
+    EvalConfigError,
+    ModelEndpoint,
+    load_eval_config,
+    require_secrets,
+    resolve_dataset,
+)
+
+if TYPE_CHECKING:  # the run itself needs rollout-sdk[server]: imported when a run starts
+    from rollout_sdk.evaluation.run import Executor
+    from rollout_sdk.loader import Agent
+    from rollout_sdk.localrun.runner import RunOptions
+
+ExecutorFactory = Callable[["Agent", EvalConfig, "RunOptions"], "Executor"]
+console = Console()
+DEFAULT_OUTPUT = Path(".rollout-fleet") / "evals"
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]Error:[/red] {message}", soft_wrap=True, markup=True, highlight=False)
+    return typer.Exit(1)
+
+
+def _endpoint(model: str | None, base_url: str | None, key_env: str | None) -> ModelEndpoint:
+    if model is None:
+        raise EvalConfigError("--model is required without a config file")
+    return ModelEndpoint(
+        model=model,
+        base_url=base_url or ModelEndpoint.base_url,
+        api_key_env=key_env or (None if base_url else "OPENAI_API_KEY"),
+    )
+
+
+def _overridden(
+    endpoint: ModelEndpoint, model: str | None, base_url: str | None, key_env: str | None
+) -> ModelEndpoint:
+    changes = {"model": model, "base_url": base_url, "api_key_env": key_env}
+    return dataclasses.replace(endpoint, **{k: v for k, v in changes.items() if v is not None})
+
+
+def build_config(config_file: Path | None, flags: dict[str, Any]) -> EvalConfig:
+    """The run's config: the file's, with every flag given put over it."""
+    dataset = flags["dataset_file"] or flags["dataset"]
+    if config_file is not None:
+        config = load_eval_config(config_file)
+        model = _overridden(config.model, flags["model"], flags["base_url"], flags["api_key_env"])
+        config = dataclasses.replace(config, model=model)
+    elif flags["module"] is None or dataset is None:
+        raise EvalConfigError("give a config file, or both -m/--module and -d/--dataset")
+    else:
+        model = _endpoint(flags["model"], flags["base_url"], flags["api_key_env"])
+        config = EvalConfig(agent=flags["module"], dataset=Path(dataset), model=model)
+    if flags["baseline_model"] is not None:
+        baseline = _endpoint(
+            flags["baseline_model"], flags["baseline_base_url"], flags["baseline_api_key_env"]
+        )
+        config = dataclasses.replace(config, baseline=baseline)
+    changes: dict[str, Any] = {
+        "agent": flags["module"],
+        "dataset": resolve_dataset(str(dataset), Path.cwd()) if dataset else None,
+        "n": flags["n"],
+        "pass_threshold": flags["pass_threshold"],
+        "batch_size": flags["batch_size"],
+        "limit": flags["limit"],
+    }
+    return dataclasses.replace(config, **{k: v for k, v in changes.items() if v is not None})
+
+
+def eval_app(make_executor: ExecutorFactory, where: str) -> typer.Typer:
+    """The ``eval`` command group, running work items ``where`` says."""
+    app = typer.Typer(help=f"Evaluate an agent on a dataset ({where}).", no_args_is_help=True)
+
+    @app.command("run")
+    def run(
+        config_file: Annotated[
+            Path | None, typer.Argument(metavar="CONFIG.toml", help="Eval TOML (upstream's)")
+        ] = None,
+        module: Annotated[
+            str | None, typer.Option("-m", "--module", "--agent", help="Agent, overrides the file")
+        ] = None,
+        dataset: Annotated[Path | None, typer.Option("-d", "--dataset")] = None,
+        dataset_file: Annotated[
+            Path | None, typer.Option("--dataset-file", help="A local dataset file")
+        ] = None,
+        eval_fn: Annotated[
+            list[str] | None, typer.Option("--eval-fn", help="module:function (repeatable)")
+        ] = None,
+        n: Annotated[int | None, typer.Option("--n", min=1, help="Samples per row")] = None,
+        pass_threshold: Annotated[float | None, typer.Option("--pass-threshold")] = None,
+        batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
+        limit: Annotated[int | None, typer.Option("--limit", min=1, help="Rows to run")] = None,
+        rows: Annotated[str | None, typer.Option("--rows", help="Rows, like 0-9,15")] = None,
+        model: Annotated[str | None, typer.Option("--model")] = None,
+        base_url: Annotated[str | None, typer.Option("--base-url")] = None,
+        api_key_env: Annotated[str | None, typer.Option("--api-key-env")] = None,
+        baseline_model: Annotated[str | None, typer.Option("--baseline-model")] = None,
+        baseline_base_url: Annotated[str | None, typer.Option("--baseline-base-url")] = None,
+        baseline_api_key_env: Annotated[str | None, typer.Option("--baseline-api-key-env")] = None,
+        name: Annotated[str | None, typer.Option("--name", help="Run name (resumes it)")] = None,
+        output: Annotated[
+            Path, typer.Option("-o", "--output", "--output-path", help="Runs directory")
+        ] = DEFAULT_OUTPUT,
+        max_in_flight: Annotated[int | None, typer.Option("--max-in-flight", min=1)] = None,
+        fresh: Annotated[bool, typer.Option("--fresh", help="Start the named run over")] = False,
+        retry_failed: Annotated[bool, typer.Option("--retry-failed")] = False,
+        max_turns: Annotated[int, typer.Option(help="v1 request max_turns")] = 10,
+        temperature: Annotated[float | None, typer.Option()] = None,
+        max_tokens: Annotated[int | None, typer.Option()] = None,
+        quiet: Annotated[bool, typer.Option("-q", "--quiet")] = False,
+    ) -> None:
+        """Run every selected row n times, score, and write results, metrics.json and
+        report.html under the run's directory."""
+        from rollout_sdk.evaluation.results import RunMismatch
+        from rollout_sdk.evaluation.run import EvalError, EvalOptions, run_eval
+        from rollout_sdk.evaluation.scoring import EvalFnError, load_eval_fns
+        from rollout_sdk.loader import AgentLoadError, load_agent
+        from rollout_sdk.localrun.dataset import DatasetError
+        from rollout_sdk.localrun.runner import RunOptions
+
+        flags = {
+            "module": module,
+            "dataset": dataset,
+            "dataset_file": dataset_file,
+            "n": n,
+            "pass_threshold": pass_threshold,
+            "batch_size": batch_size,
+            "limit": limit,
+            "model": model,
+            "base_url": base_url,
+            "api_key_env": api_key_env,
+            "baseline_model": baseline_model,
+            "baseline_base_url": baseline_base_url,
+            "baseline_api_key_env": baseline_api_key_env,
+        }
+        try:
+            config = build_config(config_file, flags)
+            require_secrets(config)  # before the agent: it may need them to import
+            os.environ.update(config.env)  # the agent's: in this process and a fleet it starts
+            fns = load_eval_fns(eval_fn or [])
+            agent = load_agent(config.agent)
+        except (EvalConfigError, EvalFnError, AgentLoadError, DatasetError) as exc:
+            raise _fail(str(exc)) from None
+        if config.advanced:
+            unused = ", ".join(sorted(config.advanced))
+            console.print(f"[advanced] keys are recorded, not used: {unused}", markup=False)
+        params = {"temperature": temperature, "max_tokens": max_tokens}
+        agent_options = RunOptions(
+            max_turns=max_turns,
+            completion_params={k: v for k, v in params.items() if v is not None},
+            agent_timeout_s=config.agent_timeout_s,
+            grader_timeout_s=config.grader_timeout_s,
+        )
+        options = EvalOptions(
+            name=name,
+            output=output,
+            rows=rows,
+            max_in_flight=max_in_flight or config.batch_size,
+            fresh=fresh,
+            retry_failed=retry_failed,
+            quiet=quiet,
+            eval_fns=fns,
+        )
+        executor = make_executor(agent, config, agent_options)
+        try:
+            outcome = asyncio.run(run_eval(agent, config, options, executor, console))
+        except (EvalError, RunMismatch) as exc:
+            raise _fail(str(exc)) from None
+        if outcome.interrupted:
+            raise typer.Exit(130)
+
+    return app
+
+
+__all__ = ["ExecutorFactory", "build_config", "eval_app"]

@@ -1,0 +1,291 @@
+"""``eval run`` for real (issue 15): agents answered by the mock TrainGate (a real HTTP server)
+whose answers are right, scored against datasets whose ground truths are right on known rows,
+so every figure of ``metrics.json`` is known beforehand. In this process
+(``rollout-sdk eval run``) and on a fleet started for the run (``rollout-fleet eval run``:
+redis-server, gateway, Celery workers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_fleet.local import fleet_command
+from rollout_fleet.processes import wait_until
+from rollout_sdk.evaluation.results import RESULTS_FILE
+from tests.harness import REPO, MockTrainGateClient, screenshot_dir, start_mock_trainer
+
+FIXTURE_ROWS = REPO.parent / "shared" / "fixtures" / "example_calculator_test_data.jsonl"
+CALCULATOR = "examples/calculator/server.py:agent_loop"
+WRONG_ROWS = {1, 3}  # of every five: their ground truth is off by one
+FNS = "tests.eval.scoring_fns"
+
+
+def calculator_rows(path: Path, count: int) -> Path:
+    """``count`` calculator rows (the fixture's five, over and over); rows 1 and 3 of every
+    five carry a wrong ground truth, so the agent's right answer scores 0 there."""
+    if not FIXTURE_ROWS.is_file():
+        pytest.skip(f"the shared fixtures are not here ({FIXTURE_ROWS})")
+    fixture = [json.loads(line) for line in FIXTURE_ROWS.read_text().splitlines()]
+    with path.open("w") as rows:
+        for index in range(count):
+            row = dict(fixture[index % 5])
+            if index % 5 in WRONG_ROWS:
+                row["ground_truth"] = str(int(row["ground_truth"]) + 1)
+            rows.write(json.dumps(row) + "\n")
+    return path
+
+
+def model_url(mock: MockTrainGateClient) -> str:
+    return f"{mock.url}/v1/rollouts/eval-model"
+
+
+def eval_command(cli: str, *args: str) -> list[str]:
+    if cli == "fleet":
+        return fleet_command("eval", "run", *args)
+    return [sys.executable, "-m", "rollout_sdk.cli", "eval", "run", *args]
+
+
+def run_eval(cli: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    run = subprocess.run(
+        eval_command(cli, *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
+def metrics_of(run_dir: Path) -> dict[str, Any]:
+    metrics: dict[str, Any] = json.loads((run_dir / "metrics.json").read_text())
+    return metrics
+
+
+def results_of(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / RESULTS_FILE).read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def keyword_mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockTrainGateClient]:
+    """A second model, for the baseline: it never answers arithmetic."""
+    process, client = start_mock_trainer("keyword", tmp_path_factory.mktemp("baseline"))
+    yield client
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def local_run(
+    mock_trainer: MockTrainGateClient,
+    keyword_mock: MockTrainGateClient,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """Five rows (two with a wrong ground truth), three samples each, scored by two eval
+    functions (one per signature style), beside a baseline model that never gets it right."""
+    work = tmp_path_factory.mktemp("local-eval")
+    rows = calculator_rows(work / "rows.jsonl", 5)
+    run_eval(
+        "sdk",
+        *("-m", CALCULATOR, "-d", str(rows), "--n", "3", "--max-in-flight", "4"),
+        *("--model", "policy-model", "--base-url", model_url(mock_trainer)),
+        *("--eval-fn", f"{FNS}:even_samples", "--eval-fn", f"{FNS}:exact"),
+        *("--baseline-model", "base", "--baseline-base-url", f"{keyword_mock.url}/v1/rollouts/b"),
+        *("-o", str(work / "runs"), "--name", "local", "-q"),
+    )
+    return work / "runs" / "local"
+
+
+def test_v1_eval_functions_both_styles_and_a_baseline_give_the_figures_worked_out_by_hand(
+    local_run: Path,
+) -> None:
+    """Three right rows of five; ``even_samples`` passes samples 0 and 2 of a right row (the
+    reward: it is the first function), ``exact`` every sample of a right row."""
+    metrics = metrics_of(local_run)
+    policy, baseline = metrics["models"]["policy"], metrics["models"]["baseline"]
+    assert metrics["complete"] is True
+    assert (policy["items"], policy["finished"], policy["failed"]) == (15, 15, 0)
+    assert policy["mean_reward"] == pytest.approx(6 / 15)
+    assert policy["pass_rate"] == pytest.approx(6 / 15)
+    assert policy["pass_at_1"] == pytest.approx(3 * (2 / 3) / 5, abs=1e-6)
+    assert policy["pass_at_k"] == {"1": pytest.approx(0.4), "2": 0.6, "3": 0.6}
+    assert policy["pass_at_n"] == pytest.approx(3 / 5)
+    assert policy["eval_fns"][f"{FNS}:exact"] == {"mean": 0.6, "pass_rate": 0.6}
+    assert policy["tokens"]["total"] > 0
+    assert (baseline["finished"], baseline["mean_reward"], baseline["pass_at_n"]) == (15, 0.0, 0.0)
+    assert len(results_of(local_run)) == 30
+
+
+def test_the_report_shows_the_histogram_and_the_tables_in_chromium(
+    local_run: Path, chromium: dict[str, Any]
+) -> None:
+    """Opened as a person would, the page draws the reward histogram (its bars' colour is on
+    the screenshot) and the tables, for both models."""
+    from playwright.sync_api import sync_playwright
+
+    output = screenshot_dir("eval-report")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(**chromium)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto((local_run / "report.html").as_uri())
+            histogram = page.locator("#reward-histogram").first
+            assert histogram.is_visible()
+            assert page.locator("#reward-histogram rect.bar").count() == 20  # 10 bins × 2 models
+            assert page.locator("table.summary").count() == 2
+            assert "pass@1" in page.locator("table.summary").first.inner_text()
+            assert page.locator("#slowest-policy tr").count() == 11  # header + 10 slowest
+            shot = histogram.screenshot(path=str(output / "histogram.png"))
+            page.screenshot(path=str(output / "report.png"), full_page=True)
+            bar_pixels = page.evaluate(COUNT_BAR_PIXELS, list(shot))
+        finally:
+            browser.close()
+    assert bar_pixels > 500, "the histogram's bars are not on the screenshot"
+
+
+# Counts the pixels of the bars' colour (#4a78c2) in a PNG, decoded by the browser itself.
+COUNT_BAR_PIXELS = """async (bytes) => {
+  const blob = new Blob([new Uint8Array(bytes)], {type: 'image/png'});
+  const image = await createImageBitmap(blob);
+  const canvas = new OffscreenCanvas(image.width, image.height);
+  const context = canvas.getContext('2d');
+  context.drawImage(image, 0, 0);
+  const data = context.getImageData(0, 0, image.width, image.height).data;
+  let count = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (Math.abs(data[i] - 0x4a) < 8 && Math.abs(data[i + 1] - 0x78) < 8
+        && Math.abs(data[i + 2] - 0xc2) < 8) count++;
+  }
+  return count;
+}"""
+
+
+# --- on a fleet ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fleet_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return calculator_rows(tmp_path_factory.mktemp("fleet-rows") / "rows.jsonl", 100)
+
+
+def fleet_args(mock: MockTrainGateClient, rows: Path, runs: Path, name: str) -> list[str]:
+    return [
+        *("-m", CALCULATOR, "-d", str(rows), "--n", "10"),
+        *("--model", "policy-model", "--base-url", model_url(mock)),
+        *("-o", str(runs), "--name", name, "-q"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    mock_trainer: MockTrainGateClient, fleet_rows: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    runs = tmp_path_factory.mktemp("fleet-runs")
+    run_eval("fleet", *fleet_args(mock_trainer, fleet_rows, runs, "whole"))
+    return runs / "whole"
+
+
+def test_a_thousand_work_items_through_a_two_worker_fleet(uninterrupted: Path) -> None:
+    """100 rows × 10 samples on the default fleet (two workers): 60 right rows of 100."""
+    results = results_of(uninterrupted)
+    assert len(results) == 1000
+    assert len({(r["row"], r["sample"]) for r in results}) == 1000
+    assert len({r["rollout_id"] for r in results}) == 1000
+    policy = metrics_of(uninterrupted)["models"]["policy"]
+    assert (policy["finished"], policy["succeeded"], policy["failed"]) == (1000, 1000, 0)
+    assert policy["mean_reward"] == pytest.approx(0.6)
+    assert (policy["pass_at_1"], policy["pass_at_n"]) == (pytest.approx(0.6), pytest.approx(0.6))
+
+
+def without_timings(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **metrics,
+        "models": {name: {**m, "latency_ms": None} for name, m in metrics["models"].items()},
+    }
+
+
+def test_a_run_stopped_half_way_resumes_only_the_rest_with_the_same_figures(
+    mock_trainer: MockTrainGateClient,
+    fleet_rows: Path,
+    uninterrupted: Path,
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C half way keeps what finished; the same command with the same --name runs only
+    the items without a result, and ends with the uninterrupted run's figures."""
+    runs = tmp_path / "runs"
+    results = runs / "halves" / RESULTS_FILE
+    first = subprocess.Popen(
+        eval_command("fleet", *fleet_args(mock_trainer, fleet_rows, runs, "halves")),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: results.is_file() and len(results.read_text().splitlines()) >= 300,
+            300,
+            "300 results",
+        )
+        first.send_signal(signal.SIGINT)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, output
+    assert "run again with --name halves" in output
+    kept = len(results_of(runs / "halves"))
+    assert 300 <= kept < 1000
+    assert metrics_of(runs / "halves")["complete"] is False
+    second = run_eval("fleet", *fleet_args(mock_trainer, fleet_rows, runs, "halves"))
+    assert f"1000 work items, {1000 - kept} to run" in second.stdout
+    finished = results_of(runs / "halves")
+    assert len(finished) == 1000  # nothing ran twice
+    assert without_timings(metrics_of(runs / "halves")) == without_timings(
+        metrics_of(uninterrupted)
+    )
+
+
+def test_a_strands_workflow_from_upstreams_eval_toml(
+    mock_trainer: MockTrainGateClient, tmp_path: Path
+) -> None:
+    """Upstream's workspace layout and TOML, with our [model] and [fleet]: one of four rows
+    has a wrong label, two samples each."""
+    agent = tmp_path / "rollouts" / "multiply"
+    agent.mkdir(parents=True)
+    shutil.copy(REPO / "examples" / "strands_multiply" / "main.py", agent / "main.py")
+    rows = (REPO / "examples" / "strands_multiply" / "test_data.jsonl").read_text().splitlines()
+    wrong = json.loads(rows[2])
+    wrong["ground_truth"] = "0"
+    (tmp_path / "rows.jsonl").write_text("\n".join([*rows[:2], json.dumps(wrong), rows[3]]) + "\n")
+    config = tmp_path / "configs" / "eval" / "multiply.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(
+        "[experiment]\n"
+        'rollout = "multiply"\nentrypoint = "main.py"\n'
+        'model_path = "openai/policy-model"\ndataset = "rows.jsonl"\n'
+        "[evaluation]\nn = 2\nlimit = 4\npass_threshold = 1.0\nagent_workflow_timeout_s = 60\n"
+        f'[model]\nbase_url = "{model_url(mock_trainer)}"\n'
+        "[fleet]\nworkers = 1\n"
+    )
+    run_eval("fleet", str(config), "-o", str(tmp_path / "runs"), "--name", "strands", "-q")
+    policy = metrics_of(tmp_path / "runs" / "strands")["models"]["policy"]
+    assert (policy["finished"], policy["failed"]) == (8, 0)
+    assert policy["mean_reward"] == pytest.approx(0.75)
+    assert (policy["pass_at_1"], policy["pass_at_n"]) == (pytest.approx(0.75), pytest.approx(0.75))
+    assert policy["tokens"]["total"] > 0
+    calls = mock_trainer.calls("chat", "eval-model")
+    assert calls
+    assert {call["body"]["model"] for call in calls} >= {"policy-model"}
