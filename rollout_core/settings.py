@@ -178,6 +178,12 @@ class FleetSettings(BaseSettings):
         description="Workers append each finished rollout's trajectory (the export line of "
         "`rollout-fleet export`) to <dir>/<worker>.jsonl as it finishes; unset: none.",
     )
+    token_ids: bool = Field(
+        True,
+        description="v2: workers ask the TrainGate for each chat call's token ids and logprobs "
+        "(vLLM's return_token_ids and logprobs, unless the call sets them) and keep what it "
+        "returns in the rollout's record, for `rollout-fleet export`; false: neither.",
+    )
     tracing: bool = Field(
         False,
         description="OpenTelemetry: one trace per rollout (gateway, worker, TrainGate calls), "

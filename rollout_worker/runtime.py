@@ -69,6 +69,7 @@ def _carriers(
             box,
             settings.result_retention_seconds,
             settings.max_rollout_seconds,
+            settings.token_ids,
         ),
     ]
     return carriers, carriers[0].protocol if loop is not None else carriers[1].protocol

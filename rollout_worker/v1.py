@@ -20,7 +20,7 @@ from typing import Any
 from rollout_core.protocols.v1 import PROTOCOL, request_from_record
 from rollout_core.secrets import SecretBox, redact
 from rollout_core.store import Advance, Claim, Protocol, RecordField, Status, Verdict
-from rollout_sdk.client import HttpClientShards, OsmosisLLMClient
+from rollout_sdk.client import HttpClientShards, OsmosisLLMClient, Turn
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.exceptions import (
@@ -110,7 +110,7 @@ class V1Carrier:
 
     async def _run(
         self, claim: Claim, request: RolloutRequest
-    ) -> tuple[RolloutResponse, list[dict[str, Any]]]:
+    ) -> tuple[RolloutResponse, list[Turn]]:
         """Run the agent (the trainer hears back whatever happens); with what each of its LLM
         calls returned besides the message."""
         assert self._agent_loop is not None, "a v1 rollout reached a worker without a v1 agent"
@@ -141,7 +141,7 @@ class V1Carrier:
         lease: Lease,
         request: RolloutRequest,
         response: RolloutResponse,
-        turns: list[dict[str, Any]] | None = None,
+        turns: list[Turn] | None = None,
     ) -> Status | None:
         """Store the completion body, then post it. If the rollout's cancellation was requested
         meanwhile, the cancelled response is stored and posted instead (never a success)."""

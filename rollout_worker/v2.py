@@ -1,5 +1,6 @@
 """The v2 carrier: runs the workflow and grader, and stores the wire result the trainer's
-long-poll returns.
+long-poll returns, with, for trajectory exports, the token ids and logprobs of each of its
+chat calls (read from the TrainGate's answers by the SDK's transport: ``recording_turns``).
 
 It runs them with the SDK's own execution semantics (deadlines counting queue time, error
 categories, reward stripping) and reports ``grading`` as it starts grading.
@@ -18,6 +19,7 @@ from rollout_core.protocols.v2 import PROTOCOL, request_from_record
 from rollout_core.secrets import SecretBox
 from rollout_core.store import Advance, Claim, Protocol, RecordField, Status, Verdict
 from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
+from rollout_sdk.client import Turn, TurnRecorder, recording_turns
 from rollout_sdk.context import RolloutContext, RolloutProgress
 from rollout_sdk.types import (
     RolloutErrorCategory,
@@ -51,9 +53,11 @@ class V2Carrier:
         box: SecretBox,
         retention_seconds: float,
         time_limit: float,
+        token_ids: bool = True,
     ) -> None:
         self.retention_seconds = retention_seconds
         self._bundle = bundle
+        self._token_ids = token_ids
         self._box = box
         self._time_limit = time_limit  # seconds on this worker; 0: none
         # The workflow config's max_concurrent applies per worker process.
@@ -62,13 +66,19 @@ class V2Carrier:
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
-        try:
-            result, trajectory = await self._run(request, claim, lease)
-        except asyncio.CancelledError:
-            # Cancel requested, poll lease expired, or worker lease lost: only a rollout this
-            # worker still holds can record the cancellation.
-            return await self._record(lease, cancelled_result(request.rollout_id))
-        return await self._record(lease, result, trajectory)
+        with self._recording() as recorder:
+            try:
+                result, trajectory = await self._run(request, claim, lease)
+            except asyncio.CancelledError:
+                # Cancel requested, poll lease expired, or worker lease lost: only a rollout
+                # this worker still holds can record the cancellation.
+                result, trajectory = cancelled_result(request.rollout_id), ""
+        return await self._record(lease, result, trajectory, recorder.turns)
+
+    def _recording(self) -> contextlib.AbstractContextManager[TurnRecorder]:
+        """Keeps the token ids and logprobs of the rollout's chat calls (ROLLOUT_FLEET_TOKEN_IDS),
+        or, off, nothing: its calls are neither asked for them nor read."""
+        return recording_turns() if self._token_ids else contextlib.nullcontext(TurnRecorder())
 
     async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
         rollout_id = request_from_record(claim.record, self._box).rollout_id
@@ -131,10 +141,16 @@ class V2Carrier:
         return wire_result(request.rollout_id, outcome.result), kept
 
     async def _record(
-        self, lease: Lease, result: RolloutResultResponse, trajectory: str = ""
+        self,
+        lease: Lease,
+        result: RolloutResultResponse,
+        trajectory: str = "",
+        turns: list[Turn] | None = None,
     ) -> Status | None:
         status = Status(result.status.value)
         fields = {RecordField.TRAJECTORY: trajectory} if trajectory else {}
+        if turns:
+            fields[RecordField.TURNS] = json.dumps(turns)
         # A success that comes after a cancel request is stored as cancelled (PROTOCOL.md §2.5).
         cancelled = cancelled_result(result.rollout_id)
         advanced = await lease.advance(

@@ -93,7 +93,7 @@ class RecordField(StrEnum):
     ABANDON_REASON = "abandon_reason"  # a worker gave it up: its next claim fails it so
     RESENT_AT = "resent_at"  # its lost message was replaced (ms)
     DELIVERY = "delivery"  # v1: how the completion callback went
-    TURNS = "turns"  # v1: each LLM turn's token ids, logprobs and usage (JSON)
+    TURNS = "turns"  # each LLM turn's token ids, logprobs and usage (JSON; v2: and its sample)
     TRAJECTORY = "trajectory"  # v2: trajectory_messages, when they differ from messages
     TRACEPARENT = "traceparent"  # W3C trace context of the admission
     TRACESTATE = "tracestate"

@@ -1,10 +1,17 @@
-"""Small helpers over OpenAI chat messages (``osmosis_ai.rollout.utils``)."""
+"""Small helpers over OpenAI chat messages (``osmosis_ai.rollout.utils``).
+
+They are total functions, as upstream's are: a message without the field asked for (or with
+a value of the wrong type) gives the neutral answer — ``""`` for content, ``"unknown"`` for
+the role, ``[]`` for tool calls — never ``None`` or an exception.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+UNKNOWN_ROLE = "unknown"
 
 
 def normalize_stop(stop: Any) -> list[str] | None:
@@ -17,17 +24,21 @@ def normalize_stop(stop: Any) -> list[str] | None:
 
 
 def parse_tool_calls(message: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The message's tool calls, ``[]`` when it has none (also when the key is ``null``)."""
-    return list(message.get("tool_calls") or [])
+    """The message's tool calls; ``[]`` when missing, ``null`` or not a list."""
+    calls = message.get("tool_calls")
+    return calls if isinstance(calls, list) else []
 
 
-def get_message_content(message: Mapping[str, Any]) -> Any:
-    return message.get("content")
+def get_message_content(message: Mapping[str, Any]) -> str:
+    """The message's text content; ``""`` when missing or not a string (e.g. content parts)."""
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
 
 
-def get_message_role(message: Mapping[str, Any]) -> str | None:
+def get_message_role(message: Mapping[str, Any]) -> str:
+    """The message's role; ``"unknown"`` when missing or not a string."""
     role = message.get("role")
-    return role if isinstance(role, str) else None
+    return role if isinstance(role, str) else UNKNOWN_ROLE
 
 
 def is_assistant_message(message: Mapping[str, Any]) -> bool:
@@ -43,7 +54,8 @@ def is_user_message(message: Mapping[str, Any]) -> bool:
 
 
 def count_messages_by_role(messages: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    return dict(Counter(get_message_role(m) or "unknown" for m in messages))
+    """``{role: count}``, in order of first appearance; role-less messages count as unknown."""
+    return dict(Counter(get_message_role(message) for message in messages))
 
 
 __all__ = [

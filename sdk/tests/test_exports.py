@@ -12,9 +12,9 @@ from types import ModuleType
 import pytest
 
 import rollout_sdk
-from rollout_sdk import v1, v2
+from rollout_sdk import core, v1, v2
 
-PACKAGES = [rollout_sdk, v1, v2]
+PACKAGES = [rollout_sdk, core, v1, v2]
 
 
 def stub_names(package: ModuleType) -> list[str]:
@@ -64,8 +64,9 @@ def test_every_top_level_name_has_one_home() -> None:
 
 def test_importing_the_sdk_and_its_namespaces_stays_light() -> None:
     code = (
-        "import sys, rollout_sdk, rollout_sdk.v1, rollout_sdk.v2\n"
+        "import sys, rollout_sdk, rollout_sdk.core, rollout_sdk.v1, rollout_sdk.v2\n"
         "rollout_sdk.RolloutAgentLoop, rollout_sdk.v2.AgentWorkflow\n"
+        "rollout_sdk.core.InitResponse, rollout_sdk.parse_tool_calls\n"
         "heavy = {'fastapi', 'uvicorn', 'strands', 'agents'} & set(sys.modules)\n"
         "print(sorted(heavy))\n"
     )

@@ -91,6 +91,25 @@ def test_message_utils() -> None:
     assert normalize_stop(5) is None
 
 
+def test_message_utils_are_total_functions() -> None:
+    """Upstream's helpers never answer None or raise: missing or mistyped fields give "",
+    "unknown" or []."""
+    parts = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    assert get_message_content(parts) == ""
+    assert get_message_content({"role": "assistant", "content": None}) == ""
+    assert get_message_content({}) == ""
+    assert get_message_role({"content": "x"}) == "unknown"
+    assert get_message_role({"role": 3}) == "unknown"
+    assert not is_user_message({})
+    assert parse_tool_calls({"tool_calls": "call"}) == []  # not iterated into characters
+    assert parse_tool_calls({"tool_calls": {"id": "c"}}) == []
+    assert parse_tool_calls({}) == []
+    assert count_messages_by_role([{"role": "user"}, {}, {"role": None}]) == {
+        "user": 1,
+        "unknown": 2,
+    }
+
+
 def test_settings_come_from_the_environment_and_are_range_checked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -123,19 +123,25 @@ def check_trajectory(line: dict[str, Any], calls: list[dict[str, Any]]) -> None:
         assert call["body"]["rollout_id"] == line["rollout_id"]
 
 
+def exported(handle: FleetUnderTest, tmp_path: Path) -> tuple[dict[str, dict[str, Any]], str]:
+    """What ``rollout-fleet export -o FILE`` wrote: its lines by rollout id, and its text."""
+    out = tmp_path / "trajectories.jsonl"
+    done = fleet_cli(handle, "export", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    return {line["rollout_id"]: line for line in map(json.loads, text.splitlines())}, text
+
+
 def test_export_writes_one_line_per_finished_rollout(
     calculator: tuple[FleetUnderTest, list[str]], tmp_path: Path
 ) -> None:
     handle, ids = calculator
-    out = tmp_path / "trajectories.jsonl"
-    done = fleet_cli(handle, "export", "-o", str(out))
-    assert done.returncode == 0, done.stderr
-    lines = {line["rollout_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    lines, text = exported(handle, tmp_path)
     assert set(ids) <= set(lines)
     for rollout_id in ids:
         check_trajectory(lines[rollout_id], handle.trainer.calls("chat", rollout_id))
     assert lines[ids[0]]["label"] == "-1"
-    assert "secret" not in out.read_text()
+    assert "secret" not in text
 
 
 def test_the_sink_keeps_each_trajectory_as_it_finishes(

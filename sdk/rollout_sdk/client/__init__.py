@@ -15,6 +15,7 @@ from rollout_sdk.client.traingate import (
     new_http_client,
     observe_traingate_calls,
 )
+from rollout_sdk.client.turns import Turn, TurnRecorder, recording_turns
 
 __all__ = [
     "ATTEMPT_EXTENSION",
@@ -26,6 +27,9 @@ __all__ = [
     "RolloutClient",
     "RolloutHandle",
     "RolloutProtocolError",
+    "Turn",
+    "TurnRecorder",
     "new_http_client",
     "observe_traingate_calls",
+    "recording_turns",
 ]

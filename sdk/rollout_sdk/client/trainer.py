@@ -32,8 +32,9 @@ _MILESTONES = (RolloutStatus.RUNNING, RolloutStatus.GRADING)
 CANCEL_TIMEOUT_SEC = 5.0
 
 
-class RolloutProtocolError(Exception):
-    """The server answered something the protocol does not allow."""
+class RolloutProtocolError(RuntimeError):
+    """The server answered something the protocol does not allow (a ``RuntimeError``, as
+    upstream's)."""
 
     def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message)

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from rollout_sdk.client.turns import Turn, TurnCapture, make_turn
 from rollout_sdk.config import RolloutSettings, get_settings
 from rollout_sdk.core.exceptions import (
     OsmosisRolloutError,
@@ -98,7 +99,8 @@ class _ObservedTransport(httpx.AsyncBaseTransport):
         self._inner = inner
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not _observers:
+        request, capture = TurnCapture.prepare(request)
+        if not _observers and capture is None:
             return await self._inner.handle_async_request(request)
         started = time.perf_counter()
         try:
@@ -107,7 +109,7 @@ class _ObservedTransport(httpx.AsyncBaseTransport):
             self._notify(request, None, exc, started)
             raise
         self._notify(request, response, None, started)
-        return response
+        return capture.attach(response) if capture is not None else response
 
     @staticmethod
     def _notify(
@@ -205,7 +207,7 @@ class OsmosisLLMClient:
         self._http = http_client
         self._owns_http = http_client is None
         self._metrics = RolloutMetrics()
-        self._turns: list[dict[str, Any]] = []
+        self._turns: list[Turn] = []
 
     async def __aenter__(self) -> OsmosisLLMClient:
         return self
@@ -218,12 +220,18 @@ class OsmosisLLMClient:
             await self._http.aclose()
             self._http = None
 
+    @property
+    def api_key(self) -> str | None:
+        """The key sent to the TrainGate (``None`` without one), as upstream exposes it."""
+        return self._api_key
+
     def get_metrics(self) -> RolloutMetrics:
         return self._metrics.model_copy()
 
-    def turns(self) -> list[dict[str, Any]]:
+    def turns(self) -> list[Turn]:
         """What each answered chat call returned besides its message: token ids and logprobs
-        (when the TrainGate sent them), usage, finish reason, latency; for trajectories."""
+        (when the TrainGate sent them), prompt token ids, usage, finish reason, latency; for
+        trajectories."""
         return list(self._turns)
 
     async def chat_completions(
@@ -265,13 +273,14 @@ class OsmosisLLMClient:
         latency_ms = (time.monotonic() - started) * 1000
         finish_reason = choice.finish_reason or "stop"
         self._turns.append(
-            {
-                "token_ids": parsed.token_ids,
-                "logprobs": parsed.logprobs,
-                "usage": usage,
-                "finish_reason": finish_reason,
-                "latency_ms": round(latency_ms, 1),
-            }
+            make_turn(
+                token_ids=parsed.token_ids or [],
+                logprobs=parsed.logprobs or [],
+                prompt_token_ids=parsed.prompt_token_ids or [],
+                usage=usage,
+                finish_reason=finish_reason,
+                latency_ms=latency_ms,
+            )
         )
         metrics = self._metrics
         metrics.llm_latency_ms += latency_ms

@@ -40,8 +40,8 @@ class _AgentLoopMeta(ABCMeta):
         is_concrete = bases and not getattr(cls, "__abstractmethods__", None)
         if is_concrete and getattr(cls, "name", None) in (None, ""):
             raise TypeError(
-                f"{cls.__qualname__} must set a non-empty class attribute 'name' "
-                "(the agent's unique identifier)"
+                f"Agent loop class {cls.__name__} must define a 'name' class attribute "
+                "(a non-empty string: the agent's unique identifier)"
             )
         return cls
 

@@ -72,7 +72,7 @@ def _check_metadata_size(metadata: dict[str, Any]) -> None:
 
 def _check_rollout_id(value: str) -> str:
     if not value.strip():
-        raise ValueError("rollout_id must not be blank")
+        raise ValueError("rollout_id cannot be empty or whitespace only")
     return value
 
 
@@ -97,8 +97,10 @@ class RolloutRequest(BaseModel):
     @classmethod
     def _check_server_url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("server_url must be an http(s) URL with a host")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError("server_url must use http or https scheme")
+        if not parts.hostname:
+            raise ValueError("server_url must have a valid host")
         return value
 
     @field_validator("metadata")

@@ -25,6 +25,7 @@ import openai.resources  # noqa: F401
 from openai import AsyncOpenAI
 
 from rollout_sdk.client.traingate import new_http_client
+from rollout_sdk.client.turns import ROLLOUT_HEADER, SAMPLE_HEADER
 from rollout_sdk.config import get_settings
 from rollout_sdk.context import RolloutContext
 
@@ -91,9 +92,9 @@ def shared_client(rollout_id: str = "") -> AsyncOpenAI:
 
 
 def rollout_headers(ctx: RolloutContext, sample_id: str | None) -> dict[str, str]:
-    headers = {"x-rollout-id": ctx.rollout_id}
+    headers = {ROLLOUT_HEADER: ctx.rollout_id}
     if sample_id:
-        headers["x-sample-id"] = sample_id
+        headers[SAMPLE_HEADER] = sample_id
     return headers
 
 

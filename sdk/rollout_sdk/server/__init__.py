@@ -2,7 +2,8 @@
 :func:`create_rollout_server`.
 
 FastAPI and uvicorn are optional (``rollout-sdk[server]``): the servers import them only when
-first used.
+first used. Without FastAPI the server functions still import, and calling one raises
+``ImportError("FastAPI is required for create_app(). ...")`` as upstream's do.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rollout_sdk import _compat
 from rollout_sdk.server.api_key import API_KEY_PREFIX, generate_api_key, validate_api_key
 from rollout_sdk.server.serve import (
     DEFAULT_HOST,
@@ -18,6 +20,7 @@ from rollout_sdk.server.serve import (
     serve_agent_loop,
     validate_and_report,
 )
+from rollout_sdk.server.state import AppState
 from rollout_sdk.types.protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
@@ -40,9 +43,13 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError as exc:
-        raise ImportError(f"{name} needs FastAPI: pip install 'rollout-sdk[server]'") from exc
+        value = getattr(importlib.import_module(module), name)
+    except ImportError:
+        if _compat.FASTAPI_AVAILABLE:
+            raise  # not the missing extra: a real error
+        value = _compat.needs_server_extra(name)
+    globals()[name] = value  # resolved once
+    return value
 
 
 __all__ = [
@@ -53,6 +60,7 @@ __all__ = [
     "DEFAULT_RESULT_RETENTION_SEC",
     "DEFAULT_RESULT_WAIT_TIMEOUT_SEC",
     "POLLING_LEASE_HEADER",
+    "AppState",
     "ServeError",
     "create_app",
     "create_rollout_server",

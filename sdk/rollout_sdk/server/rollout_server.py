@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -25,18 +23,13 @@ from rollout_sdk.backend.errors import categorize_exception
 from rollout_sdk.context import RolloutContext, RolloutProgress
 from rollout_sdk.server.auth import require_bearer
 from rollout_sdk.server.http import install_error_handlers, settle_heap
-from rollout_sdk.server.v2_http import (
-    DuplicateRollout,
-    InvalidLease,
-    QueueFull,
-    RolloutService,
-    ServerDraining,
-    UnknownRollout,
-    lease_digest,
-    lease_matches,
-    new_lease_token,
-    v2_router,
+from rollout_sdk.server.lease import LeaseManager, UnknownLeaseError, new_lease_token
+from rollout_sdk.server.result_registry import (
+    DuplicateRolloutError,
+    UnknownRolloutError,
+    check_timeouts,
 )
+from rollout_sdk.server.v2_http import QueueFull, RolloutService, ServerDraining, v2_router
 from rollout_sdk.types.protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
@@ -67,8 +60,6 @@ SHUTDOWN_CLEANUP_SEC = 120.0
 @dataclass
 class _Entry:
     rollout_id: str
-    digest: str
-    lease_deadline: float
     progress: RolloutProgress = field(default_factory=RolloutProgress)
     result: RolloutResultResponse | None = None
     task: asyncio.Task[None] | None = None
@@ -94,6 +85,7 @@ class InProcessRollouts(RolloutService):
         self.instance_id = os.environ.get(INSTANCE_ID_ENV) or self.process_id
         self.accepting = True
         self.entries: dict[str, _Entry] = {}
+        self.leases = LeaseManager(timeout_sec=polling_lease_timeout_sec, on_expired=self._expire)
         self._background: set[asyncio.Task[Any]] = set()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -110,10 +102,11 @@ class InProcessRollouts(RolloutService):
         if not self.backend.has_capacity():
             raise QueueFull
         if request.rollout_id in self.entries:
-            raise DuplicateRollout
+            raise DuplicateRolloutError(request.rollout_id)
         token = new_lease_token()
-        entry = _Entry(request.rollout_id, lease_digest(token), time.monotonic() + self.lease_sec)
+        entry = _Entry(request.rollout_id)
         self.entries[request.rollout_id] = entry
+        self.leases.register(request.rollout_id, token)
         entry.task = asyncio.create_task(self._run(request, entry))
         return RolloutInitResponse(
             rollout_id=request.rollout_id,
@@ -149,9 +142,14 @@ class InProcessRollouts(RolloutService):
         """Publish the result once; a late result after lease expiry is discarded."""
         if entry.result is not None:
             return
-        if time.monotonic() > entry.lease_deadline:
+        try:
+            expired = self.leases.expired(entry.rollout_id)
+        except UnknownLeaseError:  # the leases were closed: a rollout outlived shutdown
+            expired = False
+        if expired:
             response = lease_expired_result(entry.rollout_id)
             self._stop(entry)
+        self.leases.finish(entry.rollout_id)
         entry.result = response
         await entry.progress.set_status(response.status)
         self._spawn(self._evict_after_retention(entry))
@@ -162,6 +160,7 @@ class InProcessRollouts(RolloutService):
             await asyncio.wait({entry.task})  # the id stays reserved until execution stopped
         if self.entries.get(entry.rollout_id) is entry:
             del self.entries[entry.rollout_id]
+            self.leases.remove(entry.rollout_id)
 
     def _stop(self, entry: _Entry) -> CancelDisposition:
         if entry.disposition is None:
@@ -181,18 +180,16 @@ class InProcessRollouts(RolloutService):
     def _entry(self, rollout_id: str, token: str) -> _Entry:
         entry = self.entries.get(rollout_id)
         if entry is None:
-            raise UnknownRollout
-        if not lease_matches(token, entry.digest):
-            raise InvalidLease
+            raise UnknownRolloutError(rollout_id)
+        self.leases.authenticate(rollout_id, token)
         return entry
 
     async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse:
         entry = self._entry(rollout_id, lease_token)
         if entry.result is None:
-            if time.monotonic() > entry.lease_deadline:
+            if not self.leases.renew(rollout_id, lease_token):
                 await self._finish(entry, lease_expired_result(rollout_id))
             else:
-                entry.lease_deadline = time.monotonic() + self.lease_sec
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.wait_sec):
                         await entry.progress.wait_for_change()
@@ -201,14 +198,11 @@ class InProcessRollouts(RolloutService):
             rollout_id=rollout_id, status=entry.progress.status
         )
 
-    async def expire_leases_forever(self, interval: float) -> None:
-        """Finish (and stop) rollouts nobody polled in time, without waiting for a poll."""
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for entry in list(self.entries.values()):
-                if entry.result is None and now > entry.lease_deadline:
-                    await self._finish(entry, lease_expired_result(entry.rollout_id))
+    async def _expire(self, rollout_id: str) -> None:
+        """Nobody polled in time: finish (and stop) the rollout without waiting for a poll."""
+        entry = self.entries.get(rollout_id)
+        if entry is not None and entry.result is None:
+            await self._finish(entry, lease_expired_result(rollout_id))
 
     # --- cancel, health, drain ----------------------------------------------------------
 
@@ -275,17 +269,9 @@ class InProcessRollouts(RolloutService):
         tasks = [e.task for e in leftovers if e.task]
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_CLEANUP_SEC)
+        await self.leases.close()
         for task in self._background:
             task.cancel()
-
-
-def _check_timeouts(wait: float, lease: float, retention: float) -> None:
-    if not (math.isfinite(wait) and wait > 0):
-        raise ValueError("result_wait_timeout_sec must be positive and finite")
-    if not (math.isfinite(lease) and lease > wait):
-        raise ValueError("polling_lease_timeout_sec must be finite and exceed the wait timeout")
-    if not (math.isfinite(retention) and retention >= 0):
-        raise ValueError("result_retention_sec must be finite and not negative")
 
 
 def create_rollout_server(
@@ -299,7 +285,7 @@ def create_rollout_server(
     api_key: str | None = None,
 ) -> FastAPI:
     """Serve ``backend`` with the v2 poll/lease protocol from this process."""
-    _check_timeouts(result_wait_timeout_sec, polling_lease_timeout_sec, result_retention_sec)
+    check_timeouts(result_wait_timeout_sec, polling_lease_timeout_sec, result_retention_sec)
     if configure_logging and not logging.getLogger().handlers:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -316,14 +302,10 @@ def create_rollout_server(
         async with contextlib.AsyncExitStack() as stack:
             if lifespan is not None:
                 await stack.enter_async_context(lifespan(app))
-            sweeper = asyncio.create_task(
-                service.expire_leases_forever(min(1.0, polling_lease_timeout_sec / 4))
-            )
             settle_heap()
             try:
                 yield
             finally:
-                sweeper.cancel()
                 await service.shutdown()
                 await backend.shutdown()
 

@@ -6,6 +6,8 @@ import logging
 import time
 from pathlib import Path
 
+from rollout_sdk import _compat
+from rollout_sdk._compat import missing_server_extra
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
@@ -49,7 +51,10 @@ def resolve_api_key(api_key: str | None, local_debug: bool) -> str | None:
     """No key in local-debug mode; otherwise the given key or a freshly generated one."""
     if local_debug:
         if api_key is not None:
-            raise ServeError("an API key cannot be combined with local debug mode (auth is off)")
+            raise ServeError(
+                "local_debug=True disables API key authentication; "
+                "do not provide api_key in local debug mode."
+            )
         return None
     return api_key or generate_api_key()
 
@@ -69,14 +74,13 @@ def serve_agent_loop(
     debug_dir: str | None = None,
 ) -> None:
     """Validate, resolve the server key, and run the in-process server until interrupted."""
-    try:
-        import uvicorn
+    if not _compat.FASTAPI_AVAILABLE:
+        raise missing_server_extra("FastAPI", "serve_agent_loop")
+    if not _compat.UVICORN_AVAILABLE:
+        raise missing_server_extra("uvicorn", "serve_agent_loop")
+    import uvicorn
 
-        from rollout_sdk.server.app import create_app
-    except ImportError as exc:
-        raise ImportError(
-            "serving needs FastAPI and uvicorn: pip install 'rollout-sdk[server]'"
-        ) from exc
+    from rollout_sdk.server.app import create_app
 
     if validate:
         validate_agent_loop(agent_loop).raise_if_invalid()

@@ -7,9 +7,6 @@ check order and bodies cannot drift apart.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Protocol
@@ -17,6 +14,13 @@ from typing import Annotated, Protocol
 from fastapi import APIRouter, Header, HTTPException, Request, Response
 
 from rollout_sdk.server.http import ErrorDetail, ValidationErrors
+from rollout_sdk.server.lease import (
+    InvalidLeaseError,
+    lease_digest,
+    lease_matches,
+    new_lease_token,
+)
+from rollout_sdk.server.result_registry import DuplicateRolloutError, UnknownRolloutError
 from rollout_sdk.types.protocol import (
     POLLING_LEASE_HEADER,
     CancelDisposition,
@@ -40,20 +44,6 @@ ONE_SELECTOR = "pass exactly one selector: ids, prefix, or all"
 RETRY_AFTER_SECONDS = 5
 
 
-def new_lease_token() -> str:
-    """32 random bytes, URL-safe base64 (43 characters)."""
-    return secrets.token_urlsafe(32)
-
-
-def lease_digest(token: str) -> str:
-    """Servers keep only this digest of a lease token."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def lease_matches(token: str, digest: str) -> bool:
-    return hmac.compare_digest(lease_digest(token), digest)
-
-
 class ServerDraining(Exception):
     """Admissions are fenced (503)."""
 
@@ -62,16 +52,10 @@ class QueueFull(Exception):
     """No capacity to queue another rollout (429)."""
 
 
-class DuplicateRollout(Exception):
-    """The id is queued, running, or finished and still retained (409)."""
-
-
-class UnknownRollout(Exception):
-    """Never registered, or evicted after retention (404)."""
-
-
-class InvalidLease(Exception):
-    """The polling lease token does not belong to the rollout (403)."""
+# 409, 404 and 403 are upstream's exception classes; rollout_gateway raises them by these names.
+DuplicateRollout = DuplicateRolloutError
+UnknownRollout = UnknownRolloutError
+InvalidLease = InvalidLeaseError
 
 
 @dataclass(frozen=True)

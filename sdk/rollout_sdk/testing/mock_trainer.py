@@ -6,7 +6,9 @@ saw: every call with its headers and body, and each completion delivery per roll
 
 The v2 side is OpenAI-compatible: ``POST /v1/rollouts/{rollout_id}/chat/completions`` answers
 JSON, or SSE chunks when the body asks for ``"stream": true`` (point a rollout's
-``chat_completions_url`` at ``{mock}/v1/rollouts/{rollout_id}``).
+``chat_completions_url`` at ``{mock}/v1/rollouts/{rollout_id}``). Asked for them as vLLM is
+(``return_token_ids``, ``logprobs``), it returns token ids and logprobs as vLLM does, random
+for each call; ``/mock/calls`` shows what each answer carried (``answer``).
 
     POST /mock/faults   [{"target": "chat", "status": 503, "times": 3}, ...]
                         [{"target": "chat", "reset": true, "times": null, "probability": 0.05}]
@@ -107,6 +109,7 @@ class RecordedCall(BaseModel):
     body: Any
     at: float
     status: int
+    answer: dict[str, Any] | None = None  # OpenAI dialect: the token ids and logprobs it sent
 
 
 @dataclass
@@ -232,16 +235,87 @@ def _completion_body(request: CompletionsRequest, responder: Responder) -> dict[
     }
 
 
+@dataclass(frozen=True)
+class SampledTokens:
+    """The tokens behind one OpenAI-dialect answer, returned the way vLLM returns them when
+    the call asks (``return_token_ids``: ``prompt_token_ids`` and ``choices[].token_ids``;
+    ``logprobs``: ``choices[].logprobs.content[]``): a token per character of the content,
+    as the usage counts them, with ids and logprobs drawn at random for each call, so no two
+    answers look alike."""
+
+    tokens: list[str]
+    token_ids: list[int]
+    logprobs: list[float]
+    prompt_token_ids: list[int]
+
+    @classmethod
+    def draw(cls, messages: list[Any], turn: AssistantTurn) -> SampledTokens:
+        draws = random.Random()
+        tokens = list(turn.content or "")
+        return cls(
+            tokens=tokens,
+            token_ids=[draws.randrange(1, 200_000) for _ in tokens],
+            logprobs=[-round(draws.random() * 5, 6) for _ in tokens],
+            prompt_token_ids=[draws.randrange(1, 200_000) for _ in fake_prompt_token_ids(messages)],
+        )
+
+    def usage(self) -> dict[str, int]:
+        prompt, completion = len(self.prompt_token_ids), len(self.token_ids)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def choice_fields(self, raw: dict[str, Any], start: int, end: int) -> dict[str, Any]:
+        """What a choice (or a chunk's choice) carries of the tokens ``start:end``."""
+        fields: dict[str, Any] = {}
+        if raw.get("return_token_ids"):
+            fields["token_ids"] = self.token_ids[start:end]
+        if raw.get("logprobs"):
+            entries = zip(self.tokens[start:end], self.logprobs[start:end], strict=True)
+            fields["logprobs"] = {
+                "content": [
+                    {
+                        "token": token,
+                        "logprob": logprob,
+                        "bytes": list(token.encode()),
+                        "top_logprobs": [],
+                    }
+                    for token, logprob in entries
+                ]
+            }
+        return fields
+
+    def prompt_fields(self, raw: dict[str, Any]) -> dict[str, Any]:
+        return {"prompt_token_ids": self.prompt_token_ids} if raw.get("return_token_ids") else {}
+
+    def sent(self, raw: dict[str, Any]) -> dict[str, Any] | None:
+        """What the answer carried of them (for ``RecordedCall.answer``)."""
+        fields = {
+            name: value
+            for name, value, asked in (
+                ("token_ids", self.token_ids, "return_token_ids"),
+                ("prompt_token_ids", self.prompt_token_ids, "return_token_ids"),
+                ("logprobs", self.logprobs, "logprobs"),
+            )
+            if raw.get(asked)
+        }
+        return fields or None
+
+
 def _openai_completion(
-    rollout_id: str, raw: dict[str, Any], turn: AssistantTurn, usage: dict[str, int]
+    rollout_id: str, raw: dict[str, Any], turn: AssistantTurn, sampled: SampledTokens
 ) -> dict[str, Any]:
+    choice = {"index": 0, "message": turn.message(), "finish_reason": turn.finish_reason}
     return {
         "id": f"chatcmpl-{rollout_id}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": raw.get("model") or "mock",
-        "choices": [{"index": 0, "message": turn.message(), "finish_reason": turn.finish_reason}],
-        "usage": usage,
+        "choices": [choice | sampled.choice_fields(raw, 0, len(sampled.tokens))],
+        "usage": sampled.usage(),
+        **sampled.prompt_fields(raw),
     }
 
 
@@ -249,10 +323,15 @@ def _sse(chunk: dict[str, Any] | str) -> str:
     return f"data: {chunk if isinstance(chunk, str) else json.dumps(chunk)}\n\n"
 
 
+CHUNK_CHARS = 4  # content characters per streamed chunk
+
+
 def _openai_chunks(
-    rollout_id: str, raw: dict[str, Any], turn: AssistantTurn, usage: dict[str, int]
+    rollout_id: str, raw: dict[str, Any], turn: AssistantTurn, sampled: SampledTokens
 ) -> list[str]:
-    """The same turn as ``chat.completion.chunk`` SSE events, ending with ``[DONE]``."""
+    """The same turn as ``chat.completion.chunk`` SSE events, ending with ``[DONE]``: the role
+    (and the prompt's token ids) first, then the content a few characters at a time, each
+    chunk with its tokens' ids and logprobs, the tool calls, the finish reason, the usage."""
     base = {
         "id": f"chatcmpl-{rollout_id}",
         "object": "chat.completion.chunk",
@@ -260,28 +339,30 @@ def _openai_chunks(
         "model": raw.get("model") or "mock",
     }
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    def chunk(
+        delta: dict[str, Any],
+        finish: str | None = None,
+        top: dict[str, Any] | None = None,
+        tokens: slice | None = None,
+    ) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        if tokens is not None:
+            choice |= sampled.choice_fields(raw, tokens.start, tokens.stop)
+        return _sse({**base, **(top or {}), "choices": [choice]})
 
-    events = [chunk({"role": "assistant", "content": turn.content or ""})]
+    content = turn.content or ""
+    events = [chunk({"role": "assistant", "content": ""}, top=sampled.prompt_fields(raw))]
+    for start in range(0, len(content), CHUNK_CHARS):
+        piece = content[start : start + CHUNK_CHARS]
+        events.append(chunk({"content": piece}, tokens=slice(start, start + len(piece))))
     events += [
         chunk({"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(turn.tool_calls)
     ]
     events.append(chunk({}, turn.finish_reason))
     if (raw.get("stream_options") or {}).get("include_usage"):
-        events.append(_sse({**base, "choices": [], "usage": usage}))
+        events.append(_sse({**base, "choices": [], "usage": sampled.usage()}))
     events.append(_sse("[DONE]"))
     return events
-
-
-def _usage(messages: list[Any], turn: AssistantTurn) -> dict[str, int]:
-    prompt = len(fake_prompt_token_ids(messages))
-    completion = len(fake_token_ids(turn.content or ""))
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
 
 
 async def _json_body(request: Request) -> tuple[Any, str | None]:
@@ -324,12 +405,12 @@ def _add_trainer_routes(app: FastAPI, gate: MockTrainGate) -> None:
             raise HTTPException(status_code=400, detail="invalid body")
         await gate.answer(call)
         turn = gate.responder(raw["messages"])
-        usage = _usage(raw["messages"], turn)
+        sampled = SampledTokens.draw(raw["messages"], turn)
+        call.answer = sampled.sent(raw)
         if raw.get("stream"):
-            return StreamingResponse(
-                iter(_openai_chunks(rollout_id, raw, turn, usage)), media_type="text/event-stream"
-            )
-        return _openai_completion(rollout_id, raw, turn, usage)
+            chunks = _openai_chunks(rollout_id, raw, turn, sampled)
+            return StreamingResponse(iter(chunks), media_type="text/event-stream")
+        return _openai_completion(rollout_id, raw, turn, sampled)
 
     @app.post("/v1/rollout/completed")
     async def rollout_completed(request: Request) -> Any:

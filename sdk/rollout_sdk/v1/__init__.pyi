@@ -32,6 +32,8 @@ from ..registry import get_agent_loop as get_agent_loop
 from ..registry import list_agent_loops as list_agent_loops
 from ..registry import register_agent_loop as register_agent_loop
 from ..registry import unregister_agent_loop as unregister_agent_loop
+from ..server import DEFAULT_HOST as DEFAULT_HOST
+from ..server import DEFAULT_PORT as DEFAULT_PORT
 from ..server import ServeError as ServeError
 from ..server import create_app as create_app
 from ..server import serve_agent_loop as serve_agent_loop

@@ -111,8 +111,9 @@ class OsmosisMemorySession(SessionABC):
 
 
 class OsmosisRolloutModel(Model):
-    """A placeholder for the policy; ``OsmosisAgent`` swaps in :class:`OsmosisChatModel`.
-    Sampling options belong in ``ModelSettings``, so it is usually built with no arguments."""
+    """A placeholder for the policy; ``OsmosisAgent`` swaps in :class:`OsmosisChatModel`,
+    with these keyword arguments (``stream=False`` for plain JSON calls). Sampling options
+    belong in ``ModelSettings``, so it is usually built with no arguments."""
 
     def __init__(self, **model_kwargs: Any) -> None:
         self.model_kwargs = model_kwargs
@@ -128,13 +129,14 @@ class OsmosisRolloutModel(Model):
 
 
 class OsmosisChatModel(OpenAIChatCompletionsModel):
-    """Chat completions against the active rollout's TrainGate, always streamed.
+    """Chat completions against the active rollout's TrainGate, streamed (``stream=False``:
+    plain JSON calls, except for ``Runner.run_streamed``, which streams).
 
     Refuses to call the policy until a session is registered: without one the grader would
     get an empty sample.
     """
 
-    def __init__(self, **model_kwargs: Any) -> None:
+    def __init__(self, *, stream: bool = True, **model_kwargs: Any) -> None:
         ctx = get_rollout_context()
         if ctx is None:
             raise RuntimeError(
@@ -142,6 +144,7 @@ class OsmosisChatModel(OpenAIChatCompletionsModel):
                 "inside the workflow run, where the execution backend has set the context up"
             )
         self._rollout = ctx
+        self._stream = stream
         # Attribution headers go on per call (the session naming the sample may change).
         client = rollout_client(ctx)
         super().__init__(model=model_kwargs.pop("model", ROLLOUT_MODEL_NAME), openai_client=client)
@@ -159,7 +162,10 @@ class OsmosisChatModel(OpenAIChatCompletionsModel):
         return {**headers, **rollout_headers(ctx, sample_id)}
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-        """Served by consuming the stream, so the TrainGate always sees streaming calls."""
+        """Served by consuming the stream, so the TrainGate sees streaming calls (unless built
+        with ``stream=False``)."""
+        if not self._stream:
+            return await super().get_response(*args, **kwargs)
         output: list[Any] = []
         usage = Usage()
         async for event in self.stream_response(*args, **kwargs):

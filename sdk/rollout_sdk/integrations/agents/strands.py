@@ -59,8 +59,9 @@ class StrandsAgentSampleSource(SampleSource):
 class OsmosisRolloutModel(OpenAIModel):
     """A placeholder for the policy: ``OsmosisStrandsAgent`` swaps in the real model.
 
-    Keeps its keyword arguments (usually ``params={"temperature": 1.0, ...}``) and may be built
-    at import time, e.g. inside a module-level workflow config. Using it directly fails.
+    Keeps its keyword arguments (usually ``params={"temperature": 1.0, ...}``; ``stream=False``
+    makes plain JSON calls) and may be built at import time, e.g. inside a module-level
+    workflow config. Using it directly fails.
     """
 
     def __init__(self, **model_kwargs: Any) -> None:

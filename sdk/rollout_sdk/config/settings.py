@@ -1,4 +1,4 @@
-"""SDK settings (SDK.md §1.11).
+"""SDK settings (SDK.md §1.11; upstream's ``osmosis_ai.rollout.config.settings``).
 
 Values come from, in priority order: explicit arguments / :func:`configure`, environment
 variables, a ``.env`` file in the working directory, defaults. Out-of-range values raise a

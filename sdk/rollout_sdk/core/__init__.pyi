@@ -1,0 +1,36 @@
+# Upstream osmosis_ai.rollout.core's names, from their homes. This is the export list.
+
+from .base import RolloutAgentLoop as RolloutAgentLoop
+from .base import RolloutContext as RolloutContext
+from .base import RolloutResult as RolloutResult
+from .exceptions import AgentLoopNotFoundError as AgentLoopNotFoundError
+from .exceptions import OsmosisRolloutError as OsmosisRolloutError
+from .exceptions import OsmosisServerError as OsmosisServerError
+from .exceptions import OsmosisTimeoutError as OsmosisTimeoutError
+from .exceptions import OsmosisTransportError as OsmosisTransportError
+from .exceptions import OsmosisValidationError as OsmosisValidationError
+from .exceptions import ToolArgumentError as ToolArgumentError
+from .exceptions import ToolExecutionError as ToolExecutionError
+from .llm_client import LLMClientProtocol as LLMClientProtocol
+from .schemas import DEFAULT_MAX_METADATA_SIZE_BYTES as DEFAULT_MAX_METADATA_SIZE_BYTES
+from .schemas import CompletionsChoice as CompletionsChoice
+from .schemas import CompletionsRequest as CompletionsRequest
+from .schemas import CompletionsResponse as CompletionsResponse
+from .schemas import CompletionUsage as CompletionUsage
+from .schemas import InitResponse as InitResponse
+from .schemas import MessageDict as MessageDict
+from .schemas import OpenAIFunctionCallSchema as OpenAIFunctionCallSchema
+from .schemas import OpenAIFunctionParametersSchema as OpenAIFunctionParametersSchema
+from .schemas import OpenAIFunctionParsedSchema as OpenAIFunctionParsedSchema
+from .schemas import OpenAIFunctionPropertySchema as OpenAIFunctionPropertySchema
+from .schemas import OpenAIFunctionSchema as OpenAIFunctionSchema
+from .schemas import OpenAIFunctionToolCall as OpenAIFunctionToolCall
+from .schemas import OpenAIFunctionToolSchema as OpenAIFunctionToolSchema
+from .schemas import RolloutMetrics as RolloutMetrics
+from .schemas import RolloutRequest as RolloutRequest
+from .schemas import RolloutResponse as RolloutResponse
+from .schemas import RolloutStatus as RolloutStatus
+from .schemas import SamplingParamsDict as SamplingParamsDict
+from .schemas import ToolResponse as ToolResponse
+from .schemas import get_max_metadata_size_bytes as get_max_metadata_size_bytes
+from .schemas import set_max_metadata_size_bytes as set_max_metadata_size_bytes
