@@ -289,3 +289,37 @@ def test_a_strands_workflow_from_upstreams_eval_toml(
     calls = mock_trainer.calls("chat", "eval-model")
     assert calls
     assert {call["body"]["model"] for call in calls} >= {"policy-model"}
+
+
+def test_retry_failed_reruns_only_the_failures_fresh_reruns_all_and_a_changed_plan_is_refused(
+    mock_trainer: MockTrainGateClient, tmp_path: Path
+) -> None:
+    """A first run against an endpoint that is down fails every item; ``--retry-failed``
+    against the right one runs those again (the latest result counts), a plain rerun runs
+    nothing, ``--fresh`` everything, and the same name with another plan is refused."""
+    rows = calculator_rows(tmp_path / "rows.jsonl", 2)
+    common = ["-m", CALCULATOR, "-d", str(rows), "--model", "m", "-o", str(tmp_path), "-q"]
+    down = run_eval("sdk", *common, "--name", "again", "--base-url", "http://127.0.0.1:9/v1")
+    assert "2 work items, 2 to run" in down.stdout
+    assert metrics_of(tmp_path / "again")["models"]["policy"]["failed"] == 2
+    up = ["--base-url", model_url(mock_trainer)]
+    assert "2 to run" in run_eval("sdk", *common, "--name", "again", *up, "--retry-failed").stdout
+    policy = metrics_of(tmp_path / "again")["models"]["policy"]
+    assert (policy["finished"], policy["failed"], policy["mean_reward"]) == (
+        2,
+        0,
+        0.5,
+    )  # row 1: wrong
+    assert "0 to run" in run_eval("sdk", *common, "--name", "again", *up).stdout
+    assert "2 to run" in run_eval("sdk", *common, "--name", "again", *up, "--fresh").stdout
+    assert len(results_of(tmp_path / "again")) == 2
+    refused = subprocess.run(
+        eval_command("sdk", *common, "--name", "again", *up, "--n", "2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+    assert refused.returncode == 1
+    assert "was made with another plan" in refused.stdout + refused.stderr
