@@ -104,11 +104,17 @@ class RedisServer:
 @dataclass
 class SentinelSet:
     """Three ``redis-server --sentinel`` processes watching one primary, as ``MASTER``; they
-    fail it over one second after it stops answering."""
+    fail it over ``down_after_ms`` after it stops answering.
+
+    Not less than 2 s: a sentinel pings every ``min(down_after_ms, 1000)`` ms and counts a new
+    primary's silence from the moment it learns of it, so at 1 s every sentinel could find the
+    primary it had just promoted down before its first ping came back, and fail it over again
+    (Redis 7.0 did, about a second after each failover, once a replica was there to promote)."""
 
     primary_port: int
     data_dir: Path
     password: str | None = None
+    down_after_ms: int = 2000
     ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(3)])
     processes: list[ManagedProcess] = field(default_factory=list)
 
@@ -123,7 +129,7 @@ class SentinelSet:
                 "bind 127.0.0.1",
                 f"dir {self.data_dir}",
                 f"sentinel monitor {self.MASTER} 127.0.0.1 {self.primary_port} 2",
-                f"sentinel down-after-milliseconds {self.MASTER} 1000",
+                f"sentinel down-after-milliseconds {self.MASTER} {self.down_after_ms}",
                 f"sentinel failover-timeout {self.MASTER} 5000",
             ]
             if self.password:

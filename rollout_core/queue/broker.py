@@ -80,6 +80,20 @@ class QoS(kombu_redis.QoS):
         finally:
             virtual.QoS.ack(self, delivery_tag)
 
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        """A task that lost Redis rejects its message (requeue): across a failover the
+        channel's connection may be closed by then, and kombu's raise stopped the worker
+        (the nemesis's sentinel stage). The message stays taken in Redis for the sweeper."""
+        try:
+            super().reject(delivery_tag, requeue=requeue)
+        except BROKEN as exc:
+            logger.warning(
+                "reject of %s not recorded (%s); the message stays taken, for the sweeper",
+                delivery_tag,
+                type(exc).__name__,
+            )
+            virtual.QoS.ack(self, delivery_tag)
+
 
 class Channel(kombu_redis.Channel):
     QoS = QoS

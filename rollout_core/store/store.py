@@ -140,7 +140,19 @@ def _load_scripts(redis: Redis, keys: Keys) -> dict[str, AsyncScript]:
 class _SentinelConnection(SentinelManagedConnection):
     """A connection to the primary the sentinels name. After a failover, a script's write or
     a ``WAIT`` that reaches the demoted primary fails as a reply, not as a broken connection:
-    here it is one, so the retry reconnects to the new primary."""
+    here it is one, so the retry reconnects to the new primary. And every reconnect asks the
+    sentinels where the primary is: redis-py's command path reconnects to the address the
+    connection last had, so a call in flight across a failover kept knocking on the dead
+    primary's port until its retry budget ran out."""
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if not self.is_connected and self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(
+            check_health=check_health, retry_socket_connect=retry_socket_connect
+        )
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -304,8 +316,14 @@ class RecordStore:
     # --- v1 admission (gateway) ---------------------------------------------------------
 
     async def admit_begin(self, key: RecordKey, token: str, pending_seconds: float) -> V1Admission:
+        """Claim the key, or learn what is known of it. A replay (the record is there: the
+        trainer retried) is confirmed by the replicas first, as the admission itself was:
+        the first answer may have been a 503 whose record never reached them."""
         reply = await self._run("admit_begin", [key], [token, _ms(pending_seconds)])
-        return V1Admission(AdmitStart(reply[0]), reply[1] if len(reply) > 1 else None)
+        admission = V1Admission(AdmitStart(reply[0]), reply[1] if len(reply) > 1 else None)
+        if admission.start is AdmitStart.REPLAY and self._replicas:
+            await self._replicated("replayed", [key], [])
+        return admission
 
     async def admit_commit(
         self,
@@ -343,7 +361,12 @@ class RecordStore:
             lease_digest,
             *_flatten(fields),
         ]
-        return AdmitOutcome(await self._replicated("admit_v2", [key, self.queue], args))
+        if self._replicas:  # a retry may take it over until the replicas confirm it
+            args += [RecordField.UNCONFIRMED, "1"]
+        outcome = AdmitOutcome(await self._replicated("admit_v2", [key, self.queue], args))
+        if self._replicas and outcome is AdmitOutcome.QUEUED:
+            await self._redis.hdel(key, RecordField.UNCONFIRMED)
+        return outcome
 
     async def poll(
         self,

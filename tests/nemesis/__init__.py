@@ -4,4 +4,8 @@ and a checker of the promise: every admitted rollout ends with exactly one resul
 ``stage`` starts the processes, ``faults`` draws and applies a seeded schedule, ``checker``
 reads every rollout's history and asserts the invariants, ``run`` ties them together; ``python
 -m tests.nemesis --seed N`` replays a seed (a failing one prints that command).
+
+``--sentinel`` runs the same on Redis that fails over: a primary, a replica and three
+sentinels, every fleet process given the sentinels' URL, admissions waiting for the replica
+(``--admission-replicas``, 1 by default), and ``failover`` among the faults (``faults``).
 """

@@ -15,7 +15,9 @@ from tests.nemesis.stage import PREFIX, QUEUE, Stage
 # A v1 callback may repeat only if a worker crashed between the POST and the write that
 # records it: the repeat must follow a crash that came at most this long before the first
 # callback arrived, or at most this long after it (a stopped worker's lease takes its lease,
-# the sweep and the takeover to lapse).
+# the sweep and the takeover to lapse). A failover is a crash: the workers' Redis died, and
+# a write it had not yet passed to the replica (the one recording a callback's outcome) is
+# gone; with ``--replica-lag`` up to that long before the kill, so it must stay under 1 s.
 CRASH_WINDOW_BEFORE = 1.0
 CRASH_WINDOW_AFTER = 10.0
 SETTLE_SECONDS = 180.0
@@ -40,14 +42,43 @@ def check(stage: Stage, nemesis: Nemesis, trainers: dict[Protocol, Trainer]) -> 
     }
     statuses = _settle(client, records)
     callbacks = _v1_callbacks(stage, set(records["v1"]))
+    terminations: Counter[str] = Counter()
+    repeated_near: Counter[str] = Counter()  # the crash kinds near each repeated callback
     for protocol, keys in records.items():
         for rollout_id, key in keys.items():
             record = client.hgetall(key)
+            terminations[record.get("terminations", "0")] += 1
             _check_record(report, nemesis, trainers[protocol], protocol, rollout_id, record)
             if protocol == "v1":
-                _check_callbacks(report, nemesis, rollout_id, record, callbacks.get(rollout_id, []))
+                calls = callbacks.get(rollout_id, [])
+                near = _check_callbacks(report, nemesis, rollout_id, record, calls)
+                repeated_near.update(near if len(calls) > 1 else [])
             if client.pttl(key) <= 0:
                 report.fail(f"{key}: no TTL ({client.pttl(key)})")
+    _check_leftovers(report, stage, client, trainers)
+    client.close()
+    report.figures = {
+        **_status_figures(statuses, trainers),
+        "terminations": dict(terminations),
+        "v1_callbacks": sum(len(c) for c in callbacks.values()),
+        "v1_repeats": sum(max(0, len(c) - 1) for c in callbacks.values()),
+        "v1_repeats_near": dict(repeated_near),
+        "crashes": dict(Counter(kind for _, kind in nemesis.crashes)),
+        "failovers": stage.failovers,
+        "faults": nemesis.log,
+        "fault_errors": nemesis.errors,
+    }
+    return report
+
+
+def _check_leftovers(
+    report: Report, stage: Stage, client: Any, trainers: dict[Protocol, Trainer]
+) -> None:
+    """Nothing left queued, leased or active; every fleet process alive; no answer a
+    trainer did not expect (it would have given up on that rollout)."""
+    for protocol, trainer in trainers.items():
+        for error in trainer.errors[:10]:
+            report.fail(f"{protocol} trainer: {error}")
     for protocol in ("v1", "v2"):
         for index in ("leases", "active"):
             if left := client.zcard(f"{PREFIX[protocol]}:{index}"):
@@ -57,19 +88,22 @@ def check(stage: Stage, nemesis: Nemesis, trainers: dict[Protocol, Trainer]) -> 
         for name, process in stage.fleets[protocol].processes.items():
             if not process.alive():
                 report.fail(f"{protocol} {name} died by itself")
-    repeats = sum(max(0, len(c) - 1) for c in callbacks.values())
-    report.figures = {
-        "statuses": {p: dict(Counter(statuses[p].values())) for p in statuses},
+
+
+def _status_figures(
+    statuses: dict[Protocol, dict[str, str]], trainers: dict[Protocol, Trainer]
+) -> dict[str, Any]:
+    """How admitted rollouts ended: lost (no record), stuck (not terminal), refusals seen."""
+    unfinished = TERMINAL | {"missing"}
+    return {
+        "statuses": {p: dict(Counter(by.values())) for p, by in statuses.items()},
         "admitted": {p: len(t.admitted) for p, t in trainers.items()},
+        "lost": {p: sum(s == "missing" for s in by.values()) for p, by in statuses.items()},
+        "stuck": {p: sum(s not in unfinished for s in by.values()) for p, by in statuses.items()},
         "orphaned_v2": len(trainers["v2"].orphaned),
-        "v1_callbacks": sum(len(c) for c in callbacks.values()),
-        "v1_repeats": repeats,
-        "crashes": dict(Counter(kind for _, kind in nemesis.crashes)),
-        "faults": nemesis.log,
-        "fault_errors": nemesis.errors,
+        "refusals": {p: dict(t.rejections) for p, t in trainers.items()},
+        "trainer_errors": sum(len(t.errors) for t in trainers.values()),
     }
-    client.close()
-    return report
 
 
 def _settle(client: Any, records: dict[Protocol, dict[str, str]]) -> dict[Protocol, dict[str, str]]:
@@ -142,10 +176,11 @@ def _check_callbacks(
     rollout_id: str,
     record: dict[str, str],
     calls: list[dict[str, Any]],
-) -> None:
+) -> list[str]:
+    """Checks one v1 rollout's callbacks; the kinds of the crashes near its first one."""
     if not calls:
         report.fail(f"v1 {rollout_id}: no callback ({record.get('status')})")
-        return
+        return []
     keys = {{k.lower(): v for k, v in c["headers"].items()}.get("idempotency-key") for c in calls}
     if keys != {rollout_id}:
         report.fail(f"v1 {rollout_id}: Idempotency-Key {keys}")
@@ -160,6 +195,7 @@ def _check_callbacks(
     ]
     if len(calls) > 1 and not crashes:
         report.fail(f"v1 {rollout_id}: {len(calls)} callbacks, no crash near the first")
+    return crashes
 
 
 __all__ = ["CRASH_WINDOW_AFTER", "CRASH_WINDOW_BEFORE", "Report", "check"]

@@ -3,6 +3,14 @@
 Each kind is something the fleet must survive without breaking the promise. ``CRASHES`` are
 the kinds that may repeat a v1 callback: a worker that dies (or stops past its lease, or
 whose Redis dies) between the POST and the write that records it.
+
+The sentinel stage adds ``failover``: the primary the sentinels name is killed (``kill -9``),
+the other server takes over, the killed one comes back as its replica, ready for the next
+failover. It counts as a crash: the workers' Redis dies, and what the replica had not yet
+received when it died (a few milliseconds of writes, more if ``--replica-lag`` cut it off)
+is gone with it; only admissions wait for the replica. There ``redis_restart`` restarts the
+replica (the primary's death being the failover): no fleet process talks to it, so it is no
+crash; with ``ROLLOUT_FLEET_ADMISSION_REPLICAS=1`` admissions answer 503 until it is back.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,7 +47,9 @@ KINDS = {
     "revoke": 2,
     "readmit": 2,
 }
-CRASHES = {"kill9", "sigstop", "sigterm", "redis_restart"}
+# The sentinel stage's kinds: the same, and failovers.
+SENTINEL_KINDS = {**KINDS, "failover": 3}
+CRASHES = {"kill9", "sigstop", "sigterm", "redis_restart", "failover"}
 GROUPS = 10  # rollout ids are <protocol>-g<group>-<n>: what a prefix cancel selects
 LEASE = 3.0  # STAGE_ENV's lease
 
@@ -56,12 +66,20 @@ class Fault:
         return asdict(self)
 
 
-def schedule(seed: int, count: int, duration: float, only: Sequence[str] = ()) -> list[Fault]:
-    """``count`` faults over ``duration`` seconds: every kind (of ``only``, if given) once, the
-    rest drawn by weight."""
+def schedule(
+    seed: int,
+    count: int,
+    duration: float,
+    only: Sequence[str] = (),
+    kinds_weights: Mapping[str, int] = KINDS,
+    at_least: Mapping[str, int] | None = None,
+) -> list[Fault]:
+    """``count`` faults over ``duration`` seconds: every kind (of ``only``, if given) once, or
+    ``at_least`` times, the rest drawn by weight. (Without ``at_least``, a seed draws what it
+    always drew.)"""
     rng = random.Random(seed)
-    pool = {kind: weight for kind, weight in KINDS.items() if not only or kind in only}
-    kinds = list(pool)
+    pool = {kind: weight for kind, weight in kinds_weights.items() if not only or kind in only}
+    kinds = [kind for kind in pool for _ in range(max(1, (at_least or {}).get(kind, 1)))]
     while len(kinds) < count:
         kinds += rng.choices(list(pool), weights=list(pool.values()))
     kinds = kinds[:count]
@@ -158,9 +176,19 @@ class Nemesis:
             client.close()
 
     def _redis_restart(self, fault: Fault) -> str:
+        if self.stage.sentinels is not None:  # the replica's: no fleet process uses it
+            self._crash("replica_restart")
+            self.stage.restart_redis()
+            return "replica restarted"
         self._crash("redis_restart")
         self.stage.restart_redis()
         return "restarted"
+
+    def _failover(self, fault: Fault) -> str:
+        if self.stage.sentinels is None:
+            raise RuntimeError("a failover needs the sentinel stage (--sentinel)")
+        figures = self.stage.failover(lambda: self._crash("failover"))
+        return json.dumps(figures)
 
     def _gateway_kill(self, fault: Fault) -> str:
         fleet = self.stage.fleets[fault.protocol]
@@ -246,7 +274,7 @@ class Nemesis:
         if not task_id:
             return "no task id"
         self.cancelled.setdefault(record.split(":", 2)[2], []).append("revoke")
-        app = Celery(broker=self.stage.redis_server.url)
+        app = Celery(broker=self.stage.primary().url)
         try:
             app.control.revoke(task_id)
         finally:
@@ -268,4 +296,4 @@ class Nemesis:
         return f"{rollout_id}: {response.status_code}"
 
 
-__all__ = ["CRASHES", "KINDS", "Fault", "Nemesis", "schedule"]
+__all__ = ["CRASHES", "KINDS", "SENTINEL_KINDS", "Fault", "Nemesis", "schedule"]

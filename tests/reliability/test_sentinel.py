@@ -5,6 +5,7 @@ admits rollouts. Every process follows the new primary, and with
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ import httpx
 import pytest
 import redis
 
+from rollout_core.settings import FleetSettings
+from rollout_core.store import AdmitStart, RecordStore
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.redis_server import RedisServer, SentinelSet
 from tests.chaos.harness import Trainer
@@ -68,6 +71,11 @@ def test_every_process_follows_a_failover_and_acknowledged_rollouts_survive(
         while sentinels.primary() != replica.port:
             assert time.monotonic() < deadline, "the sentinels never failed over"
             time.sleep(0.2)
+        # Admissions wait for a replica: until the old primary is back as one, they answer
+        # 503 and the trainer retries (a retry is never answered from an unreplicated record).
+        primary.stop()
+        primary.replica_of = replica.port
+        primary.start()
         trainer.join(120)
         assert len(trainer.admitted) == ROLLOUTS
         deadline = time.monotonic() + 90
@@ -96,3 +104,29 @@ def test_every_process_follows_a_failover_and_acknowledged_rollouts_survive(
 
 def _logs(fleet: LocalFleet) -> str:
     return "\n".join(f"--- {n} ---\n{p.output()[-3000:]}" for n, p in fleet.processes.items())
+
+
+def test_a_store_call_across_a_failover_reaches_the_new_primary(
+    redis_pair: tuple[RedisServer, RedisServer, SentinelSet],
+) -> None:
+    """Found by the nemesis's sentinel stage: a call whose connection broke with the primary
+    reconnected to the dead primary's address on every retry (redis-py's command path does
+    not ask the sentinels again) and failed when its budget ran out, ≈ 10 s, although the
+    sentinels had named the new primary within ≈ 3 s. Now it reaches the new primary."""
+    primary, replica, sentinels = redis_pair
+    settings = FleetSettings(redis_url=sentinels.url(0), key_prefix="t", queue="q", secret_key=None)
+
+    async def across_a_failover() -> tuple[int, bool]:
+        store = RecordStore.connect(settings)
+        try:
+            key = store.keys.record("v1", "failover")
+            assert (await store.admit_begin(key, "tok", 60)).start is AdmitStart.LEAD
+            primary.process.kill()  # type: ignore[union-attr]
+            again = await store.admit_begin(key, "tok", 60)  # the call in flight
+            return replica.port, again.start is AdmitStart.WAIT
+        finally:
+            await store.aclose()
+
+    new_primary, found_its_record = asyncio.run(across_a_failover())
+    assert sentinels.primary() == new_primary
+    assert found_its_record

@@ -3,8 +3,14 @@
 -- ARGV: max_queued, poll_lease_ms, ttl_ms, record_id, message, lease_digest, field, value, ...
 -- -> ADMIT.draining | ADMIT.full | ADMIT.duplicate | ADMIT.queued
 -- The same admission sent again (a client retrying after its connection to Redis broke, the
--- first reply lost) carries the same lease digest: it is answered ADMIT.queued again, once.
-if redis.call('HGET', KEYS[1], FIELD.lease_digest) == ARGV[6] then
+-- first reply lost) carries the same lease digest: it is answered ADMIT.queued again. So is a
+-- retry of an admission whose replicas never confirmed it (answered 503): it takes the
+-- rollout over with its own lease digest. Either writes, so the WAIT after the script
+-- confirms the record reached the replicas before the trainer hears 202.
+local digest = redis.call('HGET', KEYS[1], FIELD.lease_digest)
+if digest == ARGV[6] or (digest and redis.call('HGET', KEYS[1], FIELD.unconfirmed)) then
+  redis.call('HSET', KEYS[1], FIELD.lease_digest, ARGV[6])
+  redis.call('HINCRBY', KEYS[1], FIELD.replays, 1)
   return ADMIT.queued
 end
 if redis.call('EXISTS', DRAINING) == 1 then
