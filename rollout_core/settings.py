@@ -70,14 +70,15 @@ class FleetSettings(BaseSettings):
     admission_replicas: int = Field(
         0,
         ge=0,
-        description="An admission is acknowledged (202) only once this many replicas hold it "
-        "(Redis WAIT), so it survives a failover; 0: the primary's word is enough.",
+        description="An admission is acknowledged (202), and a v2 result handed out, only once "
+        "this many replicas hold it (Redis WAIT), so it survives a failover; 0: the primary's "
+        "word is enough.",
     )
     admission_replica_timeout_seconds: float = Field(
         1.0,
         gt=0,
-        description="How long an admission waits for admission_replicas; past it the trainer "
-        "gets 503 and retries.",
+        description="How long an admission (or a result) waits for admission_replicas; past it "
+        "the trainer gets 503 and retries.",
     )
     key_prefix: str = Field(
         "rf", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of every Redis key we own."

@@ -136,6 +136,7 @@ class FleetRollouts(RolloutService):
         if not lease_matches(lease_token, record.lease_digest):
             raise InvalidLease
         if record.finished and record.result is not None:
+            await self.gateway.store.confirm(key)  # a result told is one a failover keeps
             return StoredResult(record.result)
         return RolloutResultResponse(rollout_id=rollout_id, status=RolloutStatus(record.status))
 

@@ -92,7 +92,6 @@ class RecordField(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     ABANDON_REASON = "abandon_reason"  # a worker gave it up: its next claim fails it so
     RESENT_AT = "resent_at"  # its lost message was replaced (ms)
-    REPLAYS = "replays"  # admissions answered again from the record (a trainer's retries)
     UNCONFIRMED = "unconfirmed"  # v2: admitted, not yet held by the replicas it waits for
     DELIVERY = "delivery"  # v1: how the completion callback went
     TURNS = "turns"  # each LLM turn's token ids, logprobs and usage (JSON; v2: and its sample)

@@ -296,6 +296,13 @@ class RecordStore:
             )
         return reply
 
+    async def confirm(self, key: RecordKey) -> None:
+        """With ``admission_replicas``, wait until that many replicas hold the record as it is
+        (else ``NotReplicated``): what a trainer is told of it — a replayed admission, a final
+        result — then survives a failover. Nothing to do without."""
+        if self._replicas:
+            await self._replicated("confirm", [key], [])
+
     async def ping(self) -> None:
         await self._redis.ping()
 
@@ -321,8 +328,8 @@ class RecordStore:
         the first answer may have been a 503 whose record never reached them."""
         reply = await self._run("admit_begin", [key], [token, _ms(pending_seconds)])
         admission = V1Admission(AdmitStart(reply[0]), reply[1] if len(reply) > 1 else None)
-        if admission.start is AdmitStart.REPLAY and self._replicas:
-            await self._replicated("replayed", [key], [])
+        if admission.start is AdmitStart.REPLAY:
+            await self.confirm(key)
         return admission
 
     async def admit_commit(
@@ -383,6 +390,7 @@ class RecordStore:
         reply = await self._run("poll", [key], [*args, lease_expired_result])
         outcome = PollOutcome(reply[0])
         if outcome is PollOutcome.FINAL:
+            await self.confirm(key)
             return PollReply(outcome, result=reply[1])
         if outcome is PollOutcome.STATUS:
             return PollReply(outcome, status=Status(reply[1]))
@@ -774,7 +782,8 @@ class RecordStore:
                 elif at > oldest:
                     return seen, oldest + 1
             if len(chunk) < size:
-                return seen, started  # read to the end: all of it was seen
+                return seen, started + 1  # read to the end: all of it was seen (an admission
+                # in that last millisecond after the read is a suspect for one check only)
             read, size = read + size, size * 2
         return None
 

@@ -134,3 +134,39 @@ async def test_a_v2_retry_after_a_503_takes_the_rollout_over_and_a_duplicate_lat
     assert await poll("first-token") is PollOutcome.FORBIDDEN
     assert await admit("someone-else") is AdmitOutcome.DUPLICATE  # confirmed: no more takeovers
     assert replica.status_of(key) == "queued"
+
+
+async def test_a_v2_result_is_handed_out_only_once_the_replica_holds_it(
+    store: RecordStore, replica: Replica
+) -> None:
+    """The nemesis's sentinel stage saw a trainer poll ``success``, then the record say
+    ``cancelled`` after a failover: the final write had not reached the replica. A final
+    result is now told only once the replicas hold it; until then the poll answers 503."""
+    key = store.keys.record("v2", "finished")
+    fields = {RecordField.PROTOCOL: "v2"}
+    assert (
+        await store.admit_v2(
+            key,
+            max_queued=100,
+            poll_lease_seconds=60,
+            ttl_seconds=60,
+            message="MSG",
+            lease_digest="token",
+            fields=fields,
+        )
+        is AdmitOutcome.QUEUED
+    )
+    replica.pause()
+    await store.cancel({key: '{"status": "CANCELLED"}'}, 60)  # its final write
+
+    async def poll() -> PollOutcome:
+        reply = await store.poll(
+            key, "token", poll_lease_seconds=60, retention_seconds=60, lease_expired_result="{}"
+        )
+        return reply.outcome
+
+    with pytest.raises(NotReplicated):  # before: FINAL, a result the replica lacked
+        await poll()
+    replica.resume()
+    assert await poll() is PollOutcome.FINAL
+    assert replica.status_of(key) == "cancelled"

@@ -5,12 +5,11 @@
 -- The same admission sent again (a client retrying after its connection to Redis broke, the
 -- first reply lost) carries the same lease digest: it is answered ADMIT.queued again. So is a
 -- retry of an admission whose replicas never confirmed it (answered 503): it takes the
--- rollout over with its own lease digest. Either writes, so the WAIT after the script
--- confirms the record reached the replicas before the trainer hears 202.
+-- rollout over with its own lease digest. Either way the digest is written, so the WAIT after
+-- the script confirms the record reached the replicas before the trainer hears 202.
 local digest = redis.call('HGET', KEYS[1], FIELD.lease_digest)
 if digest == ARGV[6] or (digest and redis.call('HGET', KEYS[1], FIELD.unconfirmed)) then
   redis.call('HSET', KEYS[1], FIELD.lease_digest, ARGV[6])
-  redis.call('HINCRBY', KEYS[1], FIELD.replays, 1)
   return ADMIT.queued
 end
 if redis.call('EXISTS', DRAINING) == 1 then
