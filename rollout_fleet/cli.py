@@ -1,5 +1,5 @@
 """``rollout-fleet``: run the fleet's processes, or a whole local fleet with one command, and
-look into a running fleet (they read its Redis: ``REDIS_URL``).
+look into a running fleet (they read its Redis: ``REDIS_URL``, else the ``up`` running here).
 
 rollout-fleet up --agent examples/calculator/server.py:agent_loop --mock-trainer
 rollout-fleet gateway --port 8000 --workers 2
@@ -27,12 +27,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rollout_fleet import state
 from rollout_fleet.local import LocalFleet
+from rollout_fleet.processes import free_port, port_free
+from rollout_fleet.reaper import Reaper
 from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.cli import mock_trainer
 from rollout_sdk.evaluation.command import eval_app
 
 if TYPE_CHECKING:
+    from rollout_core.settings import FleetSettings
     from rollout_core.store import RecordStore
     from rollout_core.views import RolloutView
     from rollout_fleet.evaluation import FleetExecutor
@@ -61,9 +65,10 @@ app.add_typer(eval_app(_on_a_fleet, "on a fleet: [fleet] gateway_url, or one sta
 probe = typer.Typer(help="Health probes for orchestrators: exit 0 if healthy, else 1.")
 app.add_typer(probe, name="probe")
 console = Console()
+notes = Console(stderr=True)  # what must not mix with a command's output (--json)
 
 
-def _check_settings() -> None:
+def _check_settings() -> FleetSettings:
     """Refuse to start on settings that cannot work, with one line per problem and never the
     values (a Redis URL holds a password)."""
     from pydantic import ValidationError
@@ -71,7 +76,7 @@ def _check_settings() -> None:
     from rollout_core.settings import FleetSettings
 
     try:
-        FleetSettings()
+        return FleetSettings()
     except ValidationError as exc:
         for error in exc.errors(include_input=False, include_url=False):
             where = ".".join(str(part) for part in error["loc"])
@@ -143,6 +148,16 @@ def gateway(
     if refusal is not None:
         console.print(f"[red]{refusal}[/red]", soft_wrap=True)
         raise typer.Exit(2)
+    if workers > 1 and settings.agent:
+        # uvicorn restarts a process that fails to start, for ever: an agent that cannot
+        # load stops the gateway here instead, in one line, as it stops a worker.
+        from rollout_sdk.loader import AgentLoadError, load_agent
+
+        try:
+            load_agent(settings.agent)
+        except AgentLoadError as exc:
+            console.print(f"[red]cannot load the agent {settings.agent!r}:[/red] {exc}")
+            raise typer.Exit(1) from None
     if workers > 1 and MULTIPROC_ENV not in os.environ:
         # Processes sharing the port share their metrics: any of them answers a scrape.
         os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollout-gateway-metrics-")
@@ -223,7 +238,7 @@ def flower(
     )
 
 
-def _print_fleet(fleet: LocalFleet, redis_url: str) -> None:
+def _print_fleet(fleet: LocalFleet, redis_server: RedisServer | None) -> None:
     table = Table(title="Rollout Fleet is up", show_header=True)
     table.add_column("service")
     table.add_column("where")
@@ -235,7 +250,7 @@ def _print_fleet(fleet: LocalFleet, redis_url: str) -> None:
         table.add_row("flower", f"{fleet.flower_url}  (user {user}, password {password})")
     if fleet.mock_trainer:
         table.add_row("mock TrainGate", fleet.mock_trainer_url)
-    table.add_row("redis", redis_url.rsplit("@", maxsplit=1)[-1])
+    table.add_row("redis", fleet.redis_url.rsplit("@", maxsplit=1)[-1])
     table.add_row("logs", str(fleet.log_dir))
     console.print(table)
     if fleet.mock_trainer:
@@ -254,7 +269,84 @@ def _print_fleet(fleet: LocalFleet, redis_url: str) -> None:
             )
         else:
             console.print(f"Its result:\n  curl -s {result}")
+    console.print(
+        "In another terminal, rollout-fleet status <id>, ls, cancel and export find this fleet.",
+        soft_wrap=True,
+    )
+    if redis_server is not None:  # its own, without a password: the URL is safe to print
+        console.print(f"Other tools: export REDIS_URL={redis_server.url}", soft_wrap=True)
     console.print("Press Ctrl-C to stop.")
+
+
+def _choose_port(service: str, asked: int | None, default: int, taken: set[int]) -> int:
+    """The port ``service`` will listen on, chosen before anything starts. A port asked for is
+    that port or nothing: when it is busy, ``up`` stops, naming it. Otherwise ``default``, or
+    a free port if it is busy (said so)."""
+    if asked is not None:
+        if asked in taken or not port_free(asked):
+            console.print(
+                f"[red]port {asked} ({service}) is in use[/red]: free it, choose another, or "
+                "leave the option out to take a free one; nothing was started",
+                soft_wrap=True,
+            )
+            raise typer.Exit(2)
+        taken.add(asked)
+        return asked
+    port = default
+    while port in taken or not port_free(port):
+        port = free_port()
+    if port != default:
+        console.print(f"[yellow]port {default} is in use: {service} listens on {port}[/yellow]")
+    taken.add(port)
+    return port
+
+
+def _stop_fleet(fleet: LocalFleet, redis_server: RedisServer | None) -> None:
+    """Stop the fleet, then its Redis. A second signal meanwhile kills them all at once (the
+    reaper does, as ``up`` exits)."""
+    try:
+        fleet.stop()
+        if redis_server is not None:
+            redis_server.stop()
+    except KeyboardInterrupt:
+        console.print("[red]killed[/red]")
+        raise typer.Exit(130) from None
+
+
+def _supervise(fleet: LocalFleet) -> None:
+    """Restart workers that exit (they recycle themselves); return once another process has
+    stopped."""
+    while True:
+        time.sleep(0.5)
+        for name in fleet.restart_dead_workers():
+            console.print(f"[yellow]{name} exited; restarted it[/yellow]")
+        dead = [p.name for p in fleet.processes.values() if not p.alive()]
+        if dead:
+            console.print(f"[red]{', '.join(dead)} stopped; shutting the fleet down[/red]")
+            return
+
+
+def _run(fleet: LocalFleet, redis_server: RedisServer | None, key_prefix: str) -> None:
+    """Start ``redis_server`` (if any) and ``fleet``, announce them, and keep them running
+    until a signal (or a process that stopped); then stop them."""
+    try:
+        if redis_server is not None:
+            redis_server.start()
+        fleet.start()
+        here = state.UpFleet(
+            os.getpid(), fleet.redis_url, key_prefix, fleet.gateway_url, time.time()
+        )
+        state.announce(here)
+        _print_fleet(fleet, redis_server)
+        _supervise(fleet)
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        console.print("stopping... (Ctrl-C again to kill it all at once)")
+    except (TimeoutError, RuntimeError) as exc:
+        console.print(f"[red]the fleet did not start: {exc}[/red]")
+        raise typer.Exit(1) from exc
+    finally:
+        _stop_fleet(fleet, redis_server)
 
 
 @app.command()
@@ -262,74 +354,112 @@ def up(
     agent: Annotated[str, typer.Option("--agent", "-a", help="module:attr or file.py:attr")],
     workers: Annotated[int, typer.Option(help="Worker processes")] = 2,
     concurrency: Annotated[int | None, typer.Option(help="Rollouts per worker process")] = None,
-    port: Annotated[int, typer.Option(help="Gateway port")] = 8000,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Gateway port (default 8000, or a free one if 8000 is busy)"),
+    ] = None,
+    gateway_workers: Annotated[int, typer.Option(help="Gateway processes sharing its port")] = 1,
     flower: Annotated[bool, typer.Option(help="Run the Flower dashboard")] = True,
-    flower_port: Annotated[int, typer.Option(help="Flower port")] = 5555,
+    flower_port: Annotated[
+        int | None,
+        typer.Option(help="Flower port (default 5555, or a free one if 5555 is busy)"),
+    ] = None,
     mock_trainer_responder: Annotated[
         str | None,
         typer.Option("--mock-trainer", help="Also run a mock TrainGate (keyword|calculator)"),
     ] = None,
-    mock_trainer_port: Annotated[int, typer.Option(help="Mock TrainGate port")] = 9001,
+    mock_trainer_port: Annotated[
+        int | None,
+        typer.Option(help="Mock TrainGate port (default 9001, or a free one if 9001 is busy)"),
+    ] = None,
 ) -> None:
-    """Run Redis (unless REDIS_URL is set), the gateway, workers and Flower until Ctrl-C."""
-    _stop_on_interrupt_or_term()
-    redis_server = None
-    redis_url = os.environ.get("REDIS_URL")
-    if not redis_url:
-        redis_server = RedisServer().start()
-        redis_url = redis_server.url
-    fleet = LocalFleet(
-        agent=agent,
-        redis_url=redis_url,
-        workers=workers,
-        concurrency=concurrency,
-        flower=flower,
-        mock_trainer=mock_trainer_responder,
-        gateway_port=port,
-        flower_port=flower_port,
-        mock_trainer_port=mock_trainer_port,
-    )
+    """Run Redis (unless REDIS_URL is set), the gateway, workers and Flower until Ctrl-C,
+    SIGTERM or SIGHUP stops them (a second signal kills them at once).
+
+    Ports are checked before anything starts: a port you ask for must be free, else up stops
+    and names it; a default port that is busy is replaced by a free one, and up says so.
+    Nothing up starts outlives it, even when it is killed. In another terminal,
+    rollout-fleet status, ls, cancel and export find this fleet (unless REDIS_URL is set).
+    """
+    settings = _check_settings()
+    _stop_on_signals()
+    taken: set[int] = set()  # ports asked for are placed first: a default never takes one
+    gateway_port = _choose_port("the gateway", port, 8000, taken)
+    flower_at = _choose_port("Flower", flower_port, 5555, taken) if flower else free_port()
+    trainer_at = 9001
+    if mock_trainer_responder is not None:
+        trainer_at = _choose_port("the mock TrainGate", mock_trainer_port, 9001, taken)
+    reaper = Reaper.start(state.state_file(os.getpid()))
     try:
-        fleet.start()
-        _print_fleet(fleet, redis_url)
-        dead: list[str] = []
-        while not dead:
-            time.sleep(0.5)
-            for name in fleet.restart_dead_workers():
-                console.print(f"[yellow]{name} exited; restarted it[/yellow]")
-            dead = [p.name for p in fleet.processes.values() if not p.alive()]
-        console.print(f"[red]{', '.join(dead)} stopped; shutting the fleet down[/red]")
-        raise typer.Exit(1)
-    except KeyboardInterrupt:
-        console.print("stopping...")
-    except (TimeoutError, RuntimeError) as exc:
-        console.print(f"[red]the fleet did not start: {exc}[/red]")
-        raise typer.Exit(1) from exc
+        redis_url, redis_server = settings.redis_dsn, None
+        if "redis_url" not in settings.model_fields_set:  # its own, started by _run
+            redis_server = RedisServer(process_group=reaper.group)
+            redis_url = redis_server.url
+        fleet = LocalFleet(
+            agent=agent,
+            redis_url=redis_url,
+            workers=workers,
+            concurrency=concurrency,
+            gateway_workers=gateway_workers,
+            flower=flower,
+            mock_trainer=mock_trainer_responder,
+            gateway_port=gateway_port,
+            flower_port=flower_at,
+            mock_trainer_port=trainer_at,
+            process_group=reaper.group,
+        )
+        _run(fleet, redis_server, settings.key_prefix)
     finally:
-        fleet.stop()
-        if redis_server is not None:
-            redis_server.stop()
+        state.state_file(os.getpid()).unlink(missing_ok=True)
+        reaper.close()
 
 
-def _stop_on_interrupt_or_term() -> None:
-    """Ctrl-C and SIGTERM both stop the fleet cleanly. Set explicitly: started in the
-    background by a script, a process inherits SIGINT ignored (and Python then never raises
-    KeyboardInterrupt), and SIGTERM would kill it without stopping its children."""
+def _stop_on_signals() -> None:
+    """Ctrl-C, SIGTERM (a supervisor's stop) and SIGHUP (a closed terminal) all stop the fleet
+    cleanly. Set explicitly: started in the background by a script, a process inherits SIGINT
+    ignored (and Python then never raises KeyboardInterrupt); SIGTERM and SIGHUP would kill it
+    without stopping its children."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupt)
+
+
+def _fleet_settings() -> FleetSettings:
+    """The settings of the fleet the CLI looks into: ``REDIS_URL``'s, else those of the
+    newest ``rollout-fleet up`` this user runs (its Redis and key prefix)."""
+    from pydantic import SecretStr
+
+    settings = _check_settings()
+    if "redis_url" in settings.model_fields_set:
+        return settings
+    fleets = state.running()
+    if not fleets:
+        return settings
+    if len(fleets) > 1:
+        pids = ", ".join(str(fleet.pid) for fleet in fleets)
+        notes.print(
+            f"{len(fleets)} rollout-fleet up are running (pids {pids}): looking into the "
+            f"newest (pid {fleets[0].pid}); set REDIS_URL to choose",
+            soft_wrap=True,
+        )
+    update: dict[str, object] = {"redis_url": SecretStr(fleets[0].redis_url)}
+    if "key_prefix" not in settings.model_fields_set:
+        update["key_prefix"] = fleets[0].key_prefix
+    return settings.model_copy(update=update)
 
 
 def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
-    """Run ``work`` against the fleet's records (``REDIS_URL``, ``ROLLOUT_FLEET_KEY_PREFIX``)."""
-    from rollout_core.settings import FleetSettings
+    """Run ``work`` against the fleet's records (``REDIS_URL``, ``ROLLOUT_FLEET_KEY_PREFIX``;
+    unset, those of the ``rollout-fleet up`` running here)."""
     from rollout_core.store import RecordStore
 
+    settings = _fleet_settings()
+
     async def run() -> T:
-        store = RecordStore.connect(FleetSettings(), max_connections=4)
+        store = RecordStore.connect(settings, max_connections=4)
         try:
             return await work(store)
         finally:

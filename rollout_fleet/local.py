@@ -50,6 +50,7 @@ class LocalFleet:
     mock_trainer_port: int = field(default_factory=free_port)
     flower_auth: str = field(default_factory=lambda: f"admin:{secrets.token_urlsafe(12)}")
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
+    process_group: int | None = None  # every process joins it (see ManagedProcess)
 
     extra_gateway_ports: list[int] = field(default_factory=list)
     worker_metrics_ports: dict[int, int] = field(default_factory=dict)  # worker index → port
@@ -97,7 +98,8 @@ class LocalFleet:
         return env
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> ManagedProcess:
-        process = ManagedProcess(name, argv, env, self.log_dir / f"{name}.log").start()
+        log = self.log_dir / f"{name}.log"
+        process = ManagedProcess(name, argv, env, log, process_group=self.process_group).start()
         self.processes[name] = process
         return process
 

@@ -38,6 +38,18 @@ def wait_until(
     raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``host:port`` now. With ``SO_REUSEADDR``, as uvicorn
+    and Flower bind: a closed connection's ``TIME_WAIT`` does not make a port busy."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
@@ -46,13 +58,16 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 @dataclass
 class ManagedProcess:
-    """One child process whose output goes to ``log_path``."""
+    """One child process whose output goes to ``log_path``, in a session of its own (Ctrl-C
+    in a terminal reaches the supervisor only), or in ``process_group`` if given (one in this
+    session that the terminal does not signal either: ``rollout-fleet up``'s reaper's)."""
 
     name: str
     argv: Sequence[str]
     env: Mapping[str, str]
     log_path: Path
     cwd: Path | None = None
+    process_group: int | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _log: IO[bytes] | None = field(default=None, init=False)
     _terminated: bool = field(default=False, init=False)
@@ -65,9 +80,12 @@ class ManagedProcess:
             list(self.argv),
             env=dict(self.env),
             cwd=self.cwd,
+            # In the terminal's session, reading the terminal would stop it (SIGTTIN).
+            stdin=None if self.process_group is None else subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C in a terminal reaches the supervisor only
+            start_new_session=self.process_group is None,
+            process_group=self.process_group,
         )
         return self
 
@@ -116,4 +134,4 @@ class ManagedProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-__all__ = ["ManagedProcess", "free_port", "port_open", "wait_until"]
+__all__ = ["ManagedProcess", "free_port", "port_free", "port_open", "wait_until"]

@@ -47,6 +47,7 @@ class RedisServer:
     replica_of: int | None = None  # the port of the primary this one replicates
     binary: str = field(default_factory=redis_server_binary)
     data_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rollout-redis-")))
+    process_group: int | None = None  # see ManagedProcess
     process: ManagedProcess | None = None
 
     @property
@@ -90,8 +91,9 @@ class RedisServer:
         return argv
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        log = self.data_dir / "redis.log"
         self.process = ManagedProcess(
-            "redis", self.argv(), dict(os.environ), self.data_dir / "redis.log"
+            "redis", self.argv(), dict(os.environ), log, process_group=self.process_group
         ).start()
         wait_until(lambda: answers(self.url), timeout, f"redis-server on port {self.port}")
         return self

@@ -249,20 +249,33 @@ class Executor:
         except (OSError, StoreError) as exc:  # the rollout is done either way
             logger.warning("%s: trajectory not written to the sink: %r", key, exc)
 
-    async def hand_back(self, grace_seconds: float) -> int:
+    async def hand_back(self, grace_seconds: float, release_seconds: float) -> int:
         """The worker is stopping: let running rollouts finish for ``grace_seconds``, then
-        hand the rest back to the queue, where another worker takes them at once. Rollouts
-        claimed from now on are handed back straight away. Returns how many went back."""
+        hand the rest back to the queue, where another worker takes them at once, within
+        ``release_seconds`` (each release may retry for its whole budget on a Redis that does
+        not answer). Rollouts claimed from now on are handed back straight away. Returns how
+        many went back."""
         self._stopping = True
         if self._executions:
             tasks = [e.task for e in self._executions.values()]
             await asyncio.wait(tasks, timeout=grace_seconds)
-        handed = 0
-        for execution, running in list(self._executions.items()):
-            # Released first: whatever the cancelled task writes afterwards is refused.
-            if await self._release(running.key, execution):
-                running.task.cancel()
-                handed += 1
+        held, handed = list(self._executions.items()), 0
+        try:
+            async with asyncio.timeout(release_seconds):
+                for execution, running in held:
+                    # Released first: whatever the cancelled task writes afterwards is refused.
+                    if await self._release(running.key, execution):
+                        running.task.cancel()
+                        handed += 1
+        except (TimeoutError, StoreError) as exc:
+            # Not released, so left running: cancelled, one could still write its outcome.
+            # Their leases lapse once the worker exits and other workers' sweepers requeue
+            # them, as after a crash.
+            logger.warning(
+                "stopping: could not hand back %d rollouts (%s); their leases will lapse",
+                len(held) - handed,
+                type(exc).__name__,
+            )
         metrics.REQUEUES.labels("handed_back").inc(handed)
         return handed
 

@@ -34,6 +34,7 @@ from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
 from rollout_worker import metrics, v1, v2
 from rollout_worker.chores import Chores, every
+from rollout_worker.deadline import ExitDeadline
 from rollout_worker.execution import Carrier, Executor
 from rollout_worker.loop import LoopThread
 from rollout_worker.sweeper import Sweeper
@@ -47,6 +48,11 @@ EXIT_LOOP_STALLED = 70  # EX_SOFTWARE: the supervisor restarts the worker
 # Celery's consumer sends a heartbeat event every 2 s while it is connected and consuming.
 CONSUMER_SILENCE_SECONDS = 10.0
 STOP_LISTENER_RETRY_SECONDS = 1.0
+# A stopping worker exits at most SHUTDOWN_GRACE + HAND_BACK + CLOSE seconds after SIGTERM,
+# sooner when its rollouts end: after the grace, handing the rest back gets HAND_BACK_SECONDS;
+# then Celery's own shutdown and ours get CLOSE_SECONDS (ExitDeadline).
+HAND_BACK_SECONDS = 5.0
+CLOSE_SECONDS = 5.0
 
 
 def _carriers(
@@ -125,6 +131,8 @@ class WorkerRuntime:
         self._alive_file = Path(settings.worker_alive_file)
         self._waiting: set[RecordKey] = set()  # rollouts pool threads handed to the loop
         self._waiting_lock = threading.Lock()
+        self._stopping = False
+        self._exit_deadline = ExitDeadline(self._last_words)
         observe_traingate_calls(metrics.observe_traingate_call)
         self._metrics_server = self._serve_metrics(settings.metrics_port, settings.metrics_host)
         self._loop = LoopThread()
@@ -166,7 +174,7 @@ class WorkerRuntime:
 
     def stop(self) -> None:
         self._watchdog.stop()
-        self._loop.run(self._close(), timeout=30)
+        self._loop.run(self._close(), timeout=CLOSE_SECONDS)
         self._loop.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -175,8 +183,10 @@ class WorkerRuntime:
         await self._chores.stop()
         await asyncio.to_thread(self._alive_file.unlink, missing_ok=True)
         try:
-            await self._on_loop.store.forget_worker(self.name)
-        except StoreError:
+            # Bounded: a Redis that does not answer would hold each try for its whole budget.
+            async with asyncio.timeout(CLOSE_SECONDS / 2):
+                await self._on_loop.store.forget_worker(self.name)
+        except (StoreError, TimeoutError):
             logger.warning("could not withdraw this worker's heartbeat; it lapses by itself")
         await self._on_loop.aclose()
 
@@ -187,20 +197,33 @@ class WorkerRuntime:
 
     def begin_shutdown(self) -> None:
         """SIGTERM: Celery stops consuming and waits for running tasks; make that wait short
-        by handing unfinished rollouts to other workers after the grace period."""
-        self._loop.submit(self._hand_back())
-
-    async def _hand_back(self) -> None:
-        executor = self._on_loop.executor
+        by handing unfinished rollouts to other workers after the grace period, and exit by
+        a deadline whatever blocks (even if this loop is stuck: armed from here too)."""
+        if self._stopping:
+            return
+        self._stopping = True
         grace = self.settings.shutdown_grace_seconds
+        self._exit_deadline.arm(grace + HAND_BACK_SECONDS + CLOSE_SECONDS)
+        self._loop.submit(self._hand_back(grace))
+
+    async def _hand_back(self, grace: float) -> None:
+        executor = self._on_loop.executor
         logger.warning(
             "stopping: %d rollouts running; those unfinished in %gs go to other workers",
             len(executor.leases),
             grace,
         )
-        handed = await executor.hand_back(grace)
+        try:
+            handed = await executor.hand_back(grace, HAND_BACK_SECONDS)
+        finally:
+            # Nothing left to wait for: Celery's shutdown and ours get CLOSE_SECONDS.
+            self._exit_deadline.arm(CLOSE_SECONDS)
         if handed:
             logger.warning("stopping: handed %d rollouts back to the queue", handed)
+
+    def _last_words(self) -> None:
+        """Before a deadline ends the process: the liveness probe must not find it alive."""
+        self._alive_file.unlink(missing_ok=True)
 
     def cancel_unstarted(self, key: RecordKey) -> None:
         """Celery discarded this rollout's message (revoked before it started): record the

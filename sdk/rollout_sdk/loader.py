@@ -72,6 +72,15 @@ def import_agent_module(target: str) -> ModuleType:
         return importlib.import_module(target)
     except AgentLoadError:
         raise
+    except PermissionError as exc:
+        # In the fleet's images this process is uid 10001 and the agent a folder mounted
+        # from the host: it must be readable by others there.
+        where = Path(exc.filename).parent if exc.filename else "the agent's folder"
+        raise AgentLoadError(
+            f"cannot import {target!r}: {exc}. This process runs as uid {os.getuid()}: make "
+            f"{where} and its files readable by it (a folder mounted into a container: on the "
+            "host, chmod -R a+rX <folder>)"
+        ) from exc
     except Exception as exc:
         raise AgentLoadError(f"cannot import {target!r}: {type(exc).__name__}: {exc}") from exc
 

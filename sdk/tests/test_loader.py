@@ -67,3 +67,25 @@ def test_clear_errors(agent_file: Path) -> None:
         load_agent_loop("no_such_module_xyz:agent")
     with pytest.raises(AgentLoadError, match="does not exist"):
         load_agent_loop(f"{agent_file.parent / 'nope.py'}:agent")
+
+
+def test_an_unreadable_agent_says_which_uid_must_read_it(
+    agent_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the fleet's images the process is uid 10001 and the agent a folder mounted from the
+    host (tests/docker shows it for real); the error names the uid and the fix."""
+    import os
+
+    from rollout_sdk import loader
+
+    def unreadable(path: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(loader, "_import_file", unreadable)
+    with pytest.raises(AgentLoadError) as raised:
+        load_agent_loop(f"{agent_file}:agent_loop")
+    message = str(raised.value)
+    assert "Permission denied" in message
+    assert f"runs as uid {os.getuid()}" in message
+    assert f"make {agent_file.parent} and its files readable by it" in message
+    assert "chmod -R a+rX <folder>" in message

@@ -184,3 +184,16 @@ def test_the_build_context_leaves_out_local_secrets_and_state() -> None:
     rules = [r for r in (REPO / ".dockerignore").read_text().splitlines() if r[:1] not in "#"]
     assert rules[0] == "*"  # nothing enters the build unless listed
     assert not any(rule.startswith("!") and ".env" in rule for rule in rules)
+
+
+def test_the_readme_says_to_set_every_value_compose_requires() -> None:
+    """tests/docker/ follows the README's compose commands word for word: the line that
+    makes ``.env`` names every variable compose refuses to start without."""
+    from tests.docker.stack import readme_compose_commands, readme_section
+
+    required = set(re.findall(r"\$\{(\w+):\?", COMPOSE_FILE.read_text()))
+    assert required == set(REQUIRED)
+    section = readme_section("### With Docker Compose")
+    (line,) = [line for line in section.splitlines() if line.startswith("cp .env.example .env")]
+    assert all(name in line for name in required), line
+    assert readme_compose_commands()[0] == "cp .env.example .env"

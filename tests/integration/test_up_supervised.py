@@ -1,0 +1,239 @@
+"""Issue 16, point 6: ``rollout-fleet up`` as an operator's supervisor drives it, on real
+processes: SIGTERM and SIGHUP stop the fleet as Ctrl-C does; nothing it started outlives a
+SIGKILL of it; busy ports are found before anything starts; and ``rollout-fleet status`` in
+another terminal finds the fleet ``up`` runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from rollout_fleet.processes import free_port, port_open, wait_until
+from tests.harness import REPO
+from tests.test_readme import quick_start_commands
+
+QUICK_START = quick_start_commands()[0].removeprefix("uv run rollout-fleet up ").split()
+GONE_SECONDS = 20.0  # how long every process of a stopped or killed `up` may take to go
+
+
+@dataclass
+class Up:
+    """A ``rollout-fleet up`` subprocess, its output in ``log``, its state files in
+    ``runtime_dir`` (``XDG_RUNTIME_DIR``: a test's own, shared with the CLI it runs)."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    runtime_dir: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_up(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while "Press Ctrl-C to stop." not in self.output():
+            assert self.process.poll() is None, f"up exited:\n{self.output()}"
+            assert time.monotonic() < deadline, f"up not up in {timeout:g}s:\n{self.output()}"
+            time.sleep(0.1)
+
+    def tree(self) -> list[psutil.Process]:
+        """Every process ``up`` started, and theirs (its reaper too)."""
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def state_files(self) -> list[Path]:
+        return sorted((self.runtime_dir / "rollout-fleet").glob("up-*.json"))
+
+
+def clean_env(runtime_dir: Path) -> dict[str, str]:
+    """A new terminal's environment: no Redis URL, no fleet settings."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key != "REDIS_URL" and not key.startswith("ROLLOUT_FLEET_")
+    }
+    return {**env, "XDG_RUNTIME_DIR": str(runtime_dir)}
+
+
+@contextmanager
+def started_up(tmp_path: Path, *args: str, wait: bool = True) -> Iterator[Up]:
+    """``rollout-fleet up *args`` in its own session (as a terminal would run it); killed,
+    tree and all, if the test did not stop it."""
+    runtime_dir = tmp_path / "run"
+    runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log = tmp_path / "up.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rollout_fleet", "up", *args],
+            cwd=REPO,
+            env=clean_env(runtime_dir),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    up = Up(process, log, runtime_dir)
+    seen: list[psutil.Process] = []
+    try:
+        if wait:
+            up.wait_up()
+            seen = up.tree()
+        yield up
+    finally:
+        if process.poll() is None:
+            seen += up.tree()
+            process.kill()
+        process.wait()
+        for leftover in seen:  # only if the test failed: none outlives `up` otherwise
+            with suppress(psutil.NoSuchProcess):
+                leftover.kill()
+
+
+def fleet_args(*, flower: bool = True) -> list[str]:
+    """One worker, the calculator agent and a mock TrainGate, on ports of the test's own."""
+    args = [*QUICK_START, "--workers", "1", "--port", str(free_port())]
+    args += ["--mock-trainer-port", str(free_port())]
+    return args + (["--flower-port", str(free_port())] if flower else ["--no-flower"])
+
+
+def listening_ports(processes: list[psutil.Process]) -> set[int]:
+    ports = set()
+    for process in processes:
+        for connection in process.net_connections(kind="inet"):
+            if connection.status == psutil.CONN_LISTEN:
+                ports.add(connection.laddr.port)
+    return ports
+
+
+def assert_all_gone(processes: list[psutil.Process], ports: set[int]) -> None:
+    """Within GONE_SECONDS, no process of the tree remains and no port it opened answers."""
+    _, alive = psutil.wait_procs(processes, timeout=GONE_SECONDS)
+    assert not alive, f"outlived `up`: {[(p.pid, p.cmdline()[2:5]) for p in alive]}"
+    wait_until(lambda: not any(port_open(port) for port in ports), 5, "the ports to close")
+
+
+def test_a_sigkilled_up_leaves_no_process_and_no_open_port(tmp_path: Path) -> None:
+    """The gateway runs two uvicorn processes: grandchildren of ``up`` go too."""
+    with started_up(tmp_path, *fleet_args(), "--gateway-workers", "2") as up:
+        tree = up.tree()
+        ports = listening_ports(tree)
+        # Redis, the gateway's supervisor and 2 workers, a worker, Flower, the trainer, the reaper
+        assert len(tree) >= 8, [p.cmdline() for p in tree]
+        assert len(ports) >= 5, ports  # Redis, gateway, worker metrics, Flower, trainer
+        assert up.state_files()
+
+        up.process.kill()
+        up.process.wait()
+        assert_all_gone(tree, ports)
+        assert not up.state_files()  # the reaper removed it: no one finds a dead fleet
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_sigterm_and_sighup_stop_the_fleet_as_ctrl_c_does(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    with started_up(tmp_path, *fleet_args()) as up:
+        tree = up.tree()
+        ports = listening_ports(tree)
+
+        up.process.send_signal(signum)
+        assert up.process.wait(60) == 0
+        assert "stopping..." in up.output()
+        assert_all_gone(tree, ports)
+        assert "killed" not in up.output()  # stopped in order: the reaper found nothing left
+        assert not up.state_files()
+
+
+def hold(port: int) -> socket.socket | None:
+    """Someone else listens on ``port``: a socket to close when done, or None if someone
+    already does (it is busy all the same)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+def test_a_busy_port_is_found_before_anything_starts(tmp_path: Path) -> None:
+    """A port asked for and busy: up stops at once, naming it, having started nothing.
+    Flower's default (5555) busy: up takes a free port for it, says so, and runs."""
+    busy = free_port()
+    holder = hold(busy)
+    try:
+        args = [*fleet_args(), "--port", str(busy)]  # the last --port wins
+        with started_up(tmp_path / "asked", *args, wait=False) as up:
+            assert up.process.wait(30) == 2
+            assert f"port {busy} (the gateway) is in use" in up.output()
+            assert "Rollout Fleet is up" not in up.output()
+    finally:
+        if holder is not None:
+            holder.close()
+
+    args = [*QUICK_START, "--workers", "1", "--port", str(free_port())]
+    args += ["--mock-trainer-port", str(free_port())]
+    holder = hold(5555)
+    try:
+        with started_up(tmp_path / "default", *args, wait=False) as up:
+            # Held until up has chosen its ports, not longer: 5555 is a well-known port.
+            wait_until(lambda: "Flower listens on" in up.output(), 60, "up to choose")
+            if holder is not None:
+                holder.close()
+            up.wait_up()
+            notice = up.output().split("port 5555 is in use: Flower listens on ", 1)[1]
+            flower_port = int(notice.split()[0])
+            assert f"http://127.0.0.1:{flower_port}" in up.output()
+            login = httpx.get(f"http://127.0.0.1:{flower_port}/api/workers", timeout=10)
+            assert login.status_code == 401  # Flower itself, behind its login
+
+            up.process.send_signal(signal.SIGINT)
+            assert up.process.wait(60) == 0
+    finally:
+        if holder is not None:
+            holder.close()
+
+
+def test_status_in_another_terminal_finds_the_fleet_up_runs(tmp_path: Path) -> None:
+    """The README's quick start, its sample rollout, then ``rollout-fleet status demo-1``
+    from a new terminal's environment: no REDIS_URL, another working directory."""
+    with started_up(tmp_path, *fleet_args(flower=False)) as up:
+        printed = up.output()
+        sample = json.loads(printed.split("-d '", 1)[1].split("'", 1)[0])
+        gateway = printed.split("curl -s -X POST ", 1)[1].split("/v1/rollout/init", 1)[0]
+        result = printed.split("Its result:\n  curl -s ", 1)[1].split()[0]
+        assert httpx.post(f"{gateway}/v1/rollout/init", json=sample).status_code == 202
+        wait_until(lambda: httpx.get(result).json().get("reward") == 1.0, 60, "the rollout")
+
+        other_terminal = tmp_path / "elsewhere"
+        other_terminal.mkdir()
+        status = subprocess.run(
+            [sys.executable, "-m", "rollout_fleet", "status", "demo-1", "--json"],
+            check=False,
+            cwd=other_terminal,
+            env=clean_env(up.runtime_dir),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stdout + status.stderr
+        view = json.loads(status.stdout)
+        assert (view["rollout_id"], view["status"], view["reward"]) == ("demo-1", "success", 1.0)
+
+        (state_file,) = up.state_files()
+        assert state_file.stat().st_mode & 0o777 == 0o600  # a Redis URL may hold a password
+
+        up.process.send_signal(signal.SIGINT)
+        assert up.process.wait(60) == 0
+    assert not up.state_files()
