@@ -8,8 +8,10 @@ with the same ``--name`` runs only the rest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -253,6 +255,27 @@ def _jobs(pending: Sequence[WorkItem], rows: dict[int, DatasetRow], bridges: _Br
     ]
 
 
+def _stop_on_signals() -> None:
+    """SIGTERM (a supervisor's stop) ends the run as Ctrl-C does: what finished is kept. So
+    does SIGINT when this process inherited it ignored (started in the background by a
+    script), where asyncio would not catch it."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    if task is None:
+        return
+    signals = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signals.append(signal.SIGINT)
+
+    def stop() -> None:  # once: a second cancel would cut the clean-up short
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+        task.cancel()
+
+    for signum in signals:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, stop)
+
+
 def summarise(run: RunDirectory, plan: RunPlan, title: str) -> EvalMetrics:
     """Write ``metrics.json`` and ``report.html`` from the results so far."""
     results = run.results(plan)
@@ -317,6 +340,7 @@ async def run_eval(
         f"run {name!r}: {len(plan.items())} work items, {len(pending)} to run → {run.path}"
     )
     interrupted = False
+    _stop_on_signals()
     if pending:
         async with executor, _Bridges(endpoints) as bridges:
             await bridges.start(executor.bridge_host)
