@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
 
 from rollout_fleet.local import LocalFleet
+from rollout_fleet.reaper import Reaper
 from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.client import RolloutClient
 from rollout_sdk.core.base import RolloutAgentLoop
@@ -45,6 +48,7 @@ class FleetExecutor:
     options: RunOptions
     fleet: LocalFleet | None = field(default=None, init=False)
     _redis_server: RedisServer | None = field(default=None, init=False)
+    _reaper: Reaper | None = field(default=None, init=False)
     _http: httpx.AsyncClient | None = field(default=None, init=False)
     _client: RolloutClient | None = field(default=None, init=False)
     _url: str = field(default="", init=False)
@@ -73,13 +77,18 @@ class FleetExecutor:
         return self
 
     def _start_fleet(self) -> str:
-        self._redis_server = RedisServer().start()
+        """A fleet as ``up`` starts one: in the process group of a reaper, so none of it
+        outlives this run however it ends (a SIGKILLed run left its whole fleet running)."""
+        self._reaper = Reaper.start(Path(tempfile.mkdtemp(prefix="rollout-eval-")) / "fleet")
+        group = self._reaper.group
+        self._redis_server = RedisServer(process_group=group).start()
         target = self.config.fleet
         self.fleet = LocalFleet(
             agent=self.config.agent,
             redis_url=self._redis_server.url,
             workers=target.workers,
             concurrency=target.concurrency,
+            process_group=group,
         )
         try:
             self.fleet.start()
@@ -93,6 +102,8 @@ class FleetExecutor:
             self.fleet.stop()
         if self._redis_server is not None:
             self._redis_server.stop()
+        if self._reaper is not None:
+            self._reaper.close()
 
     async def __aexit__(self, *_: object) -> None:
         if self._http is not None:

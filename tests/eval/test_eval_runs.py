@@ -17,12 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from rollout_fleet.local import fleet_command
 from rollout_fleet.processes import wait_until
 from rollout_sdk.evaluation.results import RESULTS_FILE
 from tests.harness import REPO, MockTrainGateClient, screenshot_dir, start_mock_trainer
+from tests.integration.test_up_supervised import assert_all_gone, listening_ports
 
 FIXTURE_ROWS = REPO.parent / "shared" / "fixtures" / "example_calculator_test_data.jsonl"
 CALCULATOR = "examples/calculator/server.py:agent_loop"
@@ -323,3 +325,31 @@ def test_retry_failed_reruns_only_the_failures_fresh_reruns_all_and_a_changed_pl
     )
     assert refused.returncode == 1
     assert "was made with another plan" in refused.stdout + refused.stderr
+
+
+def test_a_sigkilled_run_leaves_no_process_of_the_fleet_it_started(
+    mock_trainer: MockTrainGateClient, fleet_rows: Path, tmp_path: Path
+) -> None:
+    """The fleet an evaluation starts lives in a reaper's process group, as ``up``'s does:
+    killed with ``kill -9`` half way, the run leaves no Redis, gateway or worker behind (the
+    results it kept stay resumable)."""
+    runs = tmp_path / "runs"
+    results = runs / "killed" / RESULTS_FILE
+    run = subprocess.Popen(
+        eval_command("fleet", *fleet_args(mock_trainer, fleet_rows, runs, "killed")),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: results.is_file() and results.read_text().count("\n") >= 20, 300, "20")
+        tree = psutil.Process(run.pid).children(recursive=True)
+        ports = listening_ports(tree)
+        assert len(tree) >= 4, [p.cmdline() for p in tree]  # Redis, gateway, 2 workers, reaper
+        run.kill()
+        run.wait()
+        assert_all_gone(tree, ports)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert len(results_of(runs / "killed")) >= 20
