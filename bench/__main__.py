@@ -1,8 +1,9 @@
 """Run the benchmark suite: ``uv run python -m bench [POINT...] [--scale S]``.
 
-Each point measures the fleet and our in-process baseline in the same run, against the same
-mock TrainGate process, and prints one JSON line per system plus one comparing them; a table
-follows. Lines are also written to ``bench-output/last-run.jsonl``.
+Each point measures the fleet and a baseline (our in-process server; for ``upstream``,
+upstream osmosis-ai's) in the same run, against the same mock TrainGate process, and prints
+one JSON line per system plus one per target (met or not, and the gap); a table follows.
+Lines are also written to ``bench-output/last-run.jsonl``.
 """
 
 from __future__ import annotations
@@ -82,9 +83,19 @@ def _table(lines: list[dict[str, Any]]) -> None:
                 "",
                 "",
                 "",
-                f"{line['figure']}: {line['value']} (target {line['target']})",
+                _verdict(line),
             )
     Console().print(table)
+
+
+def _verdict(line: dict[str, Any]) -> str:
+    """``figure: value (target …): met`` or ``… NOT MET, gap …``; reported figures alone."""
+    text = f"{line['figure']}: {line['value']}"
+    if line["target"] == "report":
+        return text
+    outcome = "met" if line["met"] else "NOT MET"
+    gap = f", gap {line['gap']:+g}" if "gap" in line and not line["met"] else ""
+    return f"{text} (target {line['target']}): {outcome}{gap}"
 
 
 if __name__ == "__main__":

@@ -25,6 +25,12 @@ FEED_INTERVAL = 0.02
 CALLBACK_WAIT_SECONDS = 600
 REQUEST_TIMEOUT_SECONDS = 300
 JSON = {"Content-Type": "application/json"}
+# Idle pooled connections are dropped after this, under uvicorn's default server keep-alive
+# (5 s; our in-process servers and upstream's keep it, the fleet's gateway holds 75 s):
+# reusing one the server is closing at that moment fails the request
+# (ServerDisconnectedError / connection reset), which upstream's server, whose long-polls
+# return at each status change, hit a few times per 500 rollouts at C = 256.
+KEEPALIVE_SECONDS = 4.0
 FAILURES = (aiohttp.ClientError, TimeoutError)
 
 
@@ -70,7 +76,7 @@ class _Client:
 
     async def __aenter__(self) -> _Client:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
             headers=self._headers,
             timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
         )

@@ -8,13 +8,16 @@ driver and the mock TrainGate share with the server, they say how much of it was
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
+from redis.asyncio import Redis
 
 SAMPLE_SECONDS = 0.1
 
@@ -120,3 +123,72 @@ class Usage:
                 held = established(self.roles[self.connections_of])
                 self.peak_connections = max(self.peak_connections, held)
             time.sleep(SAMPLE_SECONDS)
+
+
+@dataclass
+class RedisTraffic:
+    """Commands Redis ran (by name, from ``INFO commandstats``) and bytes it received and
+    sent while the ``async with`` block ran; nothing is measured without a Redis URL."""
+
+    url: str | None
+    commands: dict[str, int] = field(default_factory=dict)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    _start: tuple[dict[str, int], int, int] = ({}, 0, 0)
+
+    async def __aenter__(self) -> RedisTraffic:
+        if self.url is not None:
+            self._start = await _redis_counters(self.url)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.url is None:
+            return
+        calls, received, sent = await _redis_counters(self.url)
+        before, received_before, sent_before = self._start
+        self.commands = {
+            name: count - before.get(name, 0)
+            for name, count in calls.items()
+            if count > before.get(name, 0)
+        }
+        # The two INFO calls of the measurement itself are not the fleet's.
+        self.commands["info"] = self.commands.get("info", 0) - 1
+        self.bytes_in, self.bytes_out = received - received_before, sent - sent_before
+
+    def per_rollout(self, rollouts: int) -> dict[str, object]:
+        if self.url is None:
+            return {}
+        by_name = {
+            name: round(count / rollouts, 2)
+            for name, count in sorted(self.commands.items(), key=lambda item: -item[1])
+            if count > 0
+        }
+        return {
+            "redis_commands_per_rollout": round(sum(self.commands.values()) / rollouts, 1),
+            "redis_commands_by_name": by_name,
+            "redis_kib_in_per_rollout": round(self.bytes_in / rollouts / 1024, 2),
+            "redis_kib_out_per_rollout": round(self.bytes_out / rollouts / 1024, 2),
+        }
+
+
+async def _redis_counters(url: str) -> tuple[dict[str, int], int, int]:
+    client = Redis.from_url(url)
+    try:
+        stats = await client.info("commandstats")
+        totals = await client.info("stats")
+    finally:
+        await client.aclose()
+    calls = {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+    return calls, int(totals["total_net_input_bytes"]), int(totals["total_net_output_bytes"])
+
+
+IDLE_SECONDS = 5.0
+
+
+async def idle_commands(system: Any) -> float:
+    """Commands per second Redis runs for an idle fleet, per worker process."""
+    traffic = RedisTraffic(system.redis_url)
+    async with traffic:
+        await asyncio.sleep(IDLE_SECONDS)
+    workers = max(1, len(system.roles.get("workers", [])))
+    return round(sum(traffic.commands.values()) / IDLE_SECONDS / workers, 1)

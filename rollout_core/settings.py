@@ -171,8 +171,8 @@ class FleetSettings(BaseSettings):
     debug_dir: str | None = Field(None, description="Write v1 debug traces (ctx.log_event) here.")
     task_events: bool = Field(
         True,
-        description="Workers send Celery task events (what Flower shows); each rollout costs "
-        "three Redis publishes more, a large part of the fleet's own CPU per rollout.",
+        description="Workers send Celery task events (what Flower shows), batched: all a "
+        "worker's events of a quarter second go in one Redis publish.",
     )
     trajectory_dir: str | None = Field(
         None,

@@ -1,8 +1,10 @@
 """Long-poll wake-ups: one Redis pub/sub subscription per gateway process.
 
-The store's scripts publish a record key on ``<prefix>:changes`` whenever its status moves;
-the listener wakes the long-polls watching that record. A poll registers its watch *before*
-reading the record, so no change can slip between the read and the wait.
+The store's scripts publish a record's new status on ``<prefix>:changes`` whenever it moves;
+the listener wakes the long-polls watching that record and tells them the status, so a poll
+woken by a change that is not final answers without reading the record again. A poll
+registers its watch *before* reading the record, so no change can slip between the read and
+the wait.
 """
 
 from __future__ import annotations
@@ -13,11 +15,25 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterator
 
-from rollout_core.store import RecordKey, RecordStore
+from rollout_core.store import RecordKey, RecordStore, Status
 
 logger = logging.getLogger(__name__)
 
 RECONNECT_SECONDS = 0.5
+
+
+class Watch:
+    """One poll's watch on one record: set on its next status change."""
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+        # The status the last change announced; None when the listener lost Redis meanwhile
+        # (anything may have changed: read the record).
+        self.status: Status | None = None
+
+    def wake(self, status: Status | None) -> None:
+        self.status = status
+        self.changed.set()
 
 
 class ChangeListener:
@@ -25,7 +41,7 @@ class ChangeListener:
 
     def __init__(self, store: RecordStore) -> None:
         self._store = store
-        self._watchers: defaultdict[RecordKey, set[asyncio.Event]] = defaultdict(set)
+        self._watchers: defaultdict[RecordKey, set[Watch]] = defaultdict(set)
         self._task = asyncio.create_task(self._pump(), name="change-listener")
 
     async def stop(self) -> None:
@@ -34,31 +50,31 @@ class ChangeListener:
             await self._task
 
     @contextlib.contextmanager
-    def watch(self, key: RecordKey) -> Iterator[asyncio.Event]:
-        """An event set on the next status change of the record ``key``."""
-        event = asyncio.Event()
-        self._watchers[key].add(event)
+    def watch(self, key: RecordKey) -> Iterator[Watch]:
+        """A watch woken by the next status change of the record ``key``."""
+        watch = Watch()
+        self._watchers[key].add(watch)
         try:
-            yield event
+            yield watch
         finally:
             watchers = self._watchers[key]
-            watchers.discard(event)
+            watchers.discard(watch)
             if not watchers:
                 del self._watchers[key]
 
     def _wake_all(self) -> None:
-        for events in self._watchers.values():
-            for event in events:
-                event.set()
+        for watches in self._watchers.values():
+            for watch in watches:
+                watch.wake(None)
 
     async def _pump(self) -> None:
         while True:
             try:
-                async with self._store.subscribe(self._store.keys.changes) as changes:
+                async with self._store.changes() as changes:
                     self._wake_all()  # anything may have changed while we were not listening
-                    async for key in changes:
-                        for event in self._watchers.get(key, ()):
-                            event.set()
+                    async for change in changes:
+                        for watch in self._watchers.get(change.key, ()):
+                            watch.wake(change.status)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -66,4 +82,4 @@ class ChangeListener:
                 await asyncio.sleep(RECONNECT_SECONDS)
 
 
-__all__ = ["ChangeListener"]
+__all__ = ["ChangeListener", "Watch"]

@@ -16,7 +16,14 @@ import uuid
 from rollout_core import tracing
 from rollout_core.protocols import v2
 from rollout_core.queue.envelope import admission_message
-from rollout_core.store import AdmitOutcome, CancelOutcome, PollOutcome, RecordField, RecordKey
+from rollout_core.store import (
+    TERMINAL,
+    AdmitOutcome,
+    CancelOutcome,
+    PollOutcome,
+    RecordField,
+    RecordKey,
+)
 from rollout_gateway.limits import check_trainer_url
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
@@ -106,7 +113,7 @@ class FleetRollouts(RolloutService):
 
     async def poll(self, rollout_id: str, lease_token: str) -> RolloutResultResponse | StoredResult:
         key = self._key(rollout_id)
-        with self.listener.watch(key) as changed:
+        with self.listener.watch(key) as watch:
             reply = await self.gateway.store.poll(
                 key,
                 lease_digest(lease_token),
@@ -120,10 +127,16 @@ class FleetRollouts(RolloutService):
                 raise InvalidLease
             if reply.outcome is PollOutcome.FINAL and reply.result is not None:
                 return StoredResult(reply.result)
+            status = reply.status
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._wait_sec):
-                    await changed.wait()
-        return await self._current(key, rollout_id, lease_token)
+                    await watch.changed.wait()
+                status = watch.status
+        # Authenticated above; unless the rollout finished (its result is read) or the
+        # listener lost track, the status at hand is the answer.
+        if status is None or status in TERMINAL:
+            return await self._current(key, rollout_id, lease_token)
+        return RolloutResultResponse(rollout_id=rollout_id, status=RolloutStatus(status))
 
     async def _current(
         self, key: RecordKey, rollout_id: str, lease_token: str

@@ -322,7 +322,7 @@ class WorkerRuntime:
         store, executor = self._on_loop.store, self._on_loop.executor
         while True:
             try:
-                async with store.subscribe(store.keys.stops) as stops:
+                async with store.stop_requests() as stops:
                     async for key in stops:
                         if executor.cancel(key):
                             logger.info("%s: stop requested; cancelling its execution", key)

@@ -7,16 +7,19 @@
   partitioned Redis, an AOF load, a failover): leases lapsed then because nobody could renew
   them, and their live holders get that long to renew before anyone takes over (a takeover
   of a rollout delivering its v1 callback would post that callback twice).
-* A rollout whose message a worker took but never started (it died in between) goes back to
-  the queue once the message has been held for two leases, not at the broker's visibility
-  timeout. One worker per sweep looks, through every taken message of this fleet (kombu's
-  taken set is shared by every fleet on the database: others' messages are left alone).
-* A rollout waiting for a worker whose message vanished (kombu took it from the queue and
-  lost it before recording it as taken: a crash, a broken connection, a Redis restart at
-  that moment) gets a new one. One worker at a time checks, every four leases; a rollout is
-  resent only when two checks in a row miss its message (a message moving between the queue
-  and the taken set can hide from one check), and a needless resend is harmless: the claim
-  turns the extra message away.
+* A rollout waiting for a worker whose message vanished gets a new one. Workers keep the
+  messages they take in memory only (``rollout_core/queue/broker.py``), so this is how a
+  rollout comes back whose worker took its message and died before starting it (within the
+  milliseconds in between), or whose message a broken connection or a Redis restart lost.
+  One worker at a time checks, every two leases; a rollout is resent only when two checks in
+  a row miss its message (a message on its way to a worker can hide from one check), and a
+  needless resend is harmless: the claim turns the extra message away. With the default 15 s
+  lease such a rollout runs again within about a minute.
+* A message kombu's own ack emulation recorded as taken (``unacked``: a worker of another
+  kind on the database) and never started goes back to the queue once it has been held for
+  two leases, not at the broker's visibility timeout. One worker per sweep looks, through
+  every taken message of this fleet (the taken set is shared by every fleet on the
+  database: others' messages are left alone).
 * A v2 rollout nobody polled in time is finished as ``lease_expired`` and its execution
   stopped.
 
@@ -59,7 +62,7 @@ class Sweeper:
         self._lease_seconds = settings.lease_seconds
         self._sweep_interval = settings.sweep_interval_seconds
         self._unstarted_after = 2 * settings.lease_seconds
-        self._lost_check_every = 4 * settings.lease_seconds
+        self._lost_check_every = 2 * settings.lease_seconds
 
     async def sweep(self) -> int:
         """Requeue rollouts whose worker lease lapsed, whose taker never started them or

@@ -24,9 +24,11 @@ from rollout_core.queue.envelope import TASK_NAME
 from rollout_core.store import Keys, RecordKey, StoreError
 from rollout_sdk.loader import AgentLoadError, load_agent
 from rollout_sdk.server.http import settle_heap
+from rollout_worker import task_events
 from rollout_worker.runtime import WorkerRuntime
 
 logger = logging.getLogger(__name__)
+task_events.install(app)
 
 _runtime: WorkerRuntime | None = None
 

@@ -35,6 +35,42 @@ from rollout_worker.execution import Lease, Refusal, time_limit_message
 
 logger = logging.getLogger(__name__)
 
+# A grader done within this long is never reported as ``grading``: the status write, the
+# long-polls it ends and the polls that follow would cost the fleet more than the grading
+# took (a poll in between could have seen it only within this window).
+GRADING_REPORT_DELAY_SECONDS = 0.05
+
+
+class _GradingReport:
+    """Writes ``grading`` once the grader has run for the delay; :meth:`settle` before the
+    rollout's final write, so the two never cross."""
+
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        self._timer: asyncio.TimerHandle | None = None
+        self._write: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(GRADING_REPORT_DELAY_SECONDS, self._begin)
+
+    def _begin(self) -> None:
+        self._write = asyncio.create_task(self._advance())
+
+    async def _advance(self) -> None:
+        try:
+            await self._lease.advance(Status.GRADING)
+        except Exception:  # the status is informative; the final write decides
+            logger.warning("%s: could not record grading", self._lease.key, exc_info=True)
+
+    async def settle(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._write is not None:
+            await asyncio.shield(self._write)
+
+
 # How a refused rollout fails on the wire (a cancelled one is cancelled, not failed).
 REFUSAL_CATEGORIES = {
     Verdict.EXHAUSTED: RolloutErrorCategory.INTERNAL_ERROR,
@@ -105,9 +141,11 @@ class V2Carrier:
         """The wire result, and for trajectory exports the sample's ``trajectory_messages`` as
         JSON when they differ from its messages (the wire never carries them; "" if none)."""
 
+        grading = _GradingReport(lease)
+
         async def report(status: RolloutStatus) -> None:
             if status is RolloutStatus.GRADING:
-                await lease.advance(Status.GRADING)
+                grading.start()
 
         ctx = RolloutContext(
             chat_completions_url=request.chat_completions_url,
@@ -122,9 +160,12 @@ class V2Carrier:
             queued_sec = claim.since_accepted + (time.monotonic() - waiting_since)
             try:
                 async with asyncio.timeout(self._time_limit or None):
-                    outcome = await execute_rollout(
-                        self._bundle, execution, ctx, queued_sec=queued_sec
-                    )
+                    try:
+                        outcome = await execute_rollout(
+                            self._bundle, execution, ctx, queued_sec=queued_sec
+                        )
+                    finally:
+                        await grading.settle()
             except TimeoutError:
                 message = time_limit_message(self._time_limit)
                 timed_out = RolloutErrorCategory.TIMEOUT

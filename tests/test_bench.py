@@ -22,7 +22,7 @@ def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    fleet, lean, baseline, target, lean_target = lines
+    fleet, lean, baseline, target, lean_target = lines[:5]
     assert [line["system"] for line in (fleet, lean, baseline)] == [
         "fleet-2w",
         "fleet-2w no task events",
@@ -36,6 +36,18 @@ def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
         assert system["server_cpu_ms_per_rollout"] > 0
     assert set(fleet["cpu_ms_per_rollout"]) == {"gateway", "workers", "redis"}
     assert fleet["peak_rss_mb"]["workers"] > 0
-    assert (target["figure"], target["target"]) == ("fleet CPU ms/rollout", "<= 3")
-    assert lean_target["figure"] == "fleet CPU ms/rollout, no task events"
+    assert (target["figure"], target["target"]) == ("fleet CPU ms/rollout", "<= 2")
+    assert target["met"] == (target["value"] <= 2)
+    assert target["gap"] == round(target["value"] - 2, 2)
+    assert (lean_target["figure"], lean_target["target"]) == (
+        "fleet CPU ms/rollout, no task events",
+        "<= 1.5",
+    )
+    by_figure = {line["figure"]: line for line in lines[5:]}
+    commands = by_figure["Redis commands/rollout"]
+    assert (commands["value"], commands["target"]) == (fleet["redis_commands_per_rollout"], "<= 30")
+    by_name = sum(fleet["redis_commands_by_name"].values())
+    assert abs(by_name - fleet["redis_commands_per_rollout"]) < 1, fleet["redis_commands_by_name"]
+    assert by_figure["Redis CPU ms/rollout"]["value"] == fleet["cpu_ms_per_rollout"]["redis"]
+    assert fleet["redis_commands_by_name"]["evalsha"] > 0  # the store's scripts ran
     assert "Rollout Fleet benchmark" in done.stdout  # the table follows the lines

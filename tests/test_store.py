@@ -564,6 +564,29 @@ async def test_f10_the_lost_message_check_costs_the_same_behind_any_backlog(
     assert large < small + 5_000, f"a check sent {small} bytes behind 100, {large} behind 3000"
 
 
+async def test_the_lost_message_check_costs_the_same_round_trips_with_any_number_running(
+    store: RecordStore, redis: Redis
+) -> None:
+    """Issue 17: the check looked up each rollout admitted before the queue's oldest admission
+    (two commands each: its status and its lease), i.e. every rollout running, once a
+    minute. Now one ZMSCORE answers for all of them: the commands a check sends are the same
+    with 10 rollouts running and with 1000, and the lost one is found either way."""
+    costs = []
+    for running in (10, 1000):
+        await redis.flushdb()
+        lost = await gateway_admitted(store, "lost")
+        for n in range(running):
+            key = await gateway_admitted(store, f"running-{n}")
+            await store.claim(key, f"w:{n}", "w", 60, 5)
+        await redis.delete("q")  # the running ones' messages were taken; lost's vanished
+        await gateway_admitted(store, "waiting")  # the queue's oldest admission now
+        before = int((await redis.info("stats"))["total_commands_processed"])
+        assert await store.waiting_without_message() == {lost}
+        costs.append(int((await redis.info("stats"))["total_commands_processed"]) - before)
+    few, many = costs
+    assert many == few, f"a check ran {few} commands with 10 running, {many} with 1000"
+
+
 async def test_f10_front_pushes_are_read_and_only_rollouts_admitted_before_the_frontier_count(
     store: RecordStore, redis: Redis
 ) -> None:

@@ -15,8 +15,17 @@ could stop consuming for good while its process looked healthy. Two defects comb
 
 And one found by a Redis restart: closing the broken connection, kombu gives the messages
 this worker took back to the queue — over that same broken connection. It raised, and Celery
-took it for an unrecoverable error and stopped the worker. Here the messages stay in
-``unacked`` for the sweeper, which requeues the ones never started (``rollout_worker/sweeper.py``).
+took it for an unrecoverable error and stopped the worker. Here a failed give-back is logged.
+
+A worker keeps the messages it took in its memory only. kombu's ack emulation would also copy
+each into Redis (``unacked``, a ``MULTI`` with ``ZADD`` + ``HSET`` on taking it, another with
+``ZREM`` + ``HDEL`` on the ack: 8 of a rollout's Redis commands), so that a message whose
+worker died comes back after the visibility timeout. The fleet does not need that copy: a
+rollout its worker started holds a lease the sweeper takes back within a lease, and one whose
+message was taken and never started (its worker died within the few milliseconds in between)
+is found by the lost-message check and resent (``rollout_worker/sweeper.py``). The in-memory
+bookkeeping stays: it is what limits a worker to its prefetch (its concurrency), and what a
+closing connection or a reject gives back to the queue.
 """
 
 from __future__ import annotations
@@ -56,43 +65,53 @@ BROKEN = (redis.RedisError, AttributeError)
 
 
 class QoS(kombu_redis.QoS):
-    def restore_unacked(self, client: Any = None) -> None:
-        try:
-            super().restore_unacked(client)
-        except BROKEN as exc:
-            logger.warning(
-                "could not give taken messages back to the queue (%s); the sweeper will",
-                type(exc).__name__,
-            )
-            if self._delivered is not None:
-                self._delivered.clear()
+    """Taken messages are kept in the worker's memory only (see the module)."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
+        virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        """A task that lost Redis rejects its message for requeue: it goes back to the
+        queue's front if Redis answers now; across a failover the channel's connection may
+        be closed by then, and a raise here stopped the worker (the nemesis's sentinel
+        stage): the slot is freed whatever happens, and the lost-message check resends."""
         try:
-            self._remove_from_indices(delivery_tag).execute()  # type: ignore[attr-defined]
-        except BROKEN as exc:
-            logger.warning(
-                "ack of %s not recorded (%s); the message returns after the visibility "
-                "timeout and is dropped as already finished",
-                delivery_tag,
-                type(exc).__name__,
-            )
+            if requeue:
+                self._give_back([delivery_tag])
         finally:
             virtual.QoS.ack(self, delivery_tag)
 
-    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        """A task that lost Redis rejects its message (requeue): across a failover the
-        channel's connection may be closed by then, and kombu's raise stopped the worker
-        (the nemesis's sentinel stage). The message stays taken in Redis for the sweeper."""
+    def restore_unacked(self, client: Any = None) -> None:
+        """The connection closes (a stop, a reconnection): the messages taken and not acked
+        go back to the queue's front (a rollout already running turns its copy away)."""
         try:
-            super().reject(delivery_tag, requeue=requeue)
+            self._give_back(list(self._delivered or ()), client)
+        finally:
+            if self._delivered is not None:
+                self._delivered.clear()
+
+    def _give_back(self, tags: list[str], client: Any = None) -> None:
+        delivered: dict[str, Any] = dict(self._delivered or {})
+        taken = [delivered[tag] for tag in tags if tag in delivered]
+        if not taken:
+            return
+        try:
+            with self.channel.conn_or_acquire(client) as redis_client:  # type: ignore[attr-defined]
+                for message in taken:
+                    delivery = message.delivery_info
+                    self.channel._do_restore_message(  # type: ignore[attr-defined]
+                        message._raw, delivery["exchange"], delivery["routing_key"], redis_client
+                    )
         except BROKEN as exc:
             logger.warning(
-                "reject of %s not recorded (%s); the message stays taken, for the sweeper",
-                delivery_tag,
+                "could not give %d taken message(s) back to the queue (%s); the lost-message "
+                "check resends their rollouts",
+                len(taken),
                 type(exc).__name__,
             )
-            virtual.QoS.ack(self, delivery_tag)
 
 
 class Channel(kombu_redis.Channel):

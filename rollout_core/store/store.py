@@ -49,6 +49,7 @@ from rollout_core.store.schema import (
     AdmitStart,
     Advance,
     CancelOutcome,
+    Change,
     Keys,
     PollOutcome,
     Protocol,
@@ -307,18 +308,25 @@ class RecordStore:
         await self._redis.ping()
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[RecordKey]]:
-        """Subscribed to ``channel`` (``keys.changes`` or ``keys.stops``) while inside: the
-        record keys published on it, as they come."""
+    async def stop_requests(self) -> AsyncIterator[AsyncIterator[RecordKey]]:
+        """Subscribed to ``keys.stops`` while inside: the records whose execution must stop,
+        as requests come."""
         async with self._listener.pubsub() as pubsub:
-            await pubsub.subscribe(channel)
-            yield self._published(pubsub)
+            await pubsub.subscribe(self.keys.stops)
+            yield (RecordKey(data) async for data in self._published(pubsub))
+
+    @contextlib.asynccontextmanager
+    async def changes(self) -> AsyncIterator[AsyncIterator[Change]]:
+        """Subscribed to ``keys.changes`` while inside: each status change, as it comes."""
+        async with self._listener.pubsub() as pubsub:
+            await pubsub.subscribe(self.keys.changes)
+            yield (Change.read(data) async for data in self._published(pubsub))
 
     @staticmethod
-    async def _published(pubsub: PubSub) -> AsyncIterator[RecordKey]:
+    async def _published(pubsub: PubSub) -> AsyncIterator[str]:
         async for message in pubsub.listen():
             if message["type"] == "message":
-                yield RecordKey(message["data"])
+                yield str(message["data"])
 
     # --- v1 admission (gateway) ---------------------------------------------------------
 
@@ -729,7 +737,11 @@ class RecordStore:
         those are looked up, however long the queue behind F. A front part longer than
         ``limit`` messages (a mass requeue being worked off) skips this check. A snapshot: a
         message moving at the wrong moment makes a false suspect (the sweeper resends only on
-        two checks in a row)."""
+        two checks in a row).
+
+        Round trips do not grow with the rollouts in flight either: one ``ZMSCORE`` tells
+        which candidates hold a lease (nearly all: they run), and only the others' statuses
+        are read."""
         scan = await self._read_queue_tail(limit)
         if scan is None:
             return set()
@@ -741,16 +753,15 @@ class RecordStore:
         candidates = [key for key in candidates if key not in seen]
         if not candidates:
             return set()
+        leases = await self._redis.zmscore(self.keys.leases, candidates)
+        unleased = [key for key, lease in zip(candidates, leases, strict=True) if lease is None]
+        if not unleased:
+            return set()
         async with self._redis.pipeline(transaction=False) as pipe:
-            for key in candidates:
+            for key in unleased:
                 pipe.hget(key, RecordField.STATUS)
-                pipe.zscore(self.keys.leases, key)
-            replies = await pipe.execute()
-        waiting = [
-            key
-            for key, status, lease in zip(candidates, replies[::2], replies[1::2], strict=True)
-            if status in WAITING and lease is None
-        ]
+            statuses = await pipe.execute()
+        waiting = [key for key, status in zip(unleased, statuses, strict=True) if status in WAITING]
         if not waiting:
             return set()
         taken = set(map(record_of_delivery, cast(list[str], await self._redis.hvals(UNACKED))))

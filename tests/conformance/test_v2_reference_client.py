@@ -7,7 +7,6 @@ The client runs in its own virtual environment (cached between runs) so the real
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.upstream import python_312
 from tests.conftest import v2_fleet
 from tests.harness import V2FleetUnderTest, new_id
 
@@ -51,31 +51,12 @@ asyncio.run(main(*sys.argv[1:4]))
 """
 
 
-def _python_312() -> str | None:
-    candidates = [
-        shutil.which("python3.12"),
-        "/usr/bin/python3.12",
-        *sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.1[2-9]*/bin/python3"))),
-    ]
-    for candidate in filter(None, candidates):
-        if not Path(candidate).exists():
-            continue
-        probe = subprocess.run(
-            [candidate, "-c", "import sys; assert sys.version_info >= (3, 12)"],
-            capture_output=True,
-            check=False,
-        )
-        if probe.returncode == 0:
-            return candidate
-    return None
-
-
 @pytest.fixture(scope="module")
 def reference_python() -> Path:
     venv = CACHE / REFERENCE.replace("==", "-")
     python = venv / "bin" / "python"
     if not python.exists():
-        interpreter, uv = _python_312(), shutil.which("uv")
+        interpreter, uv = python_312(), shutil.which("uv")
         if interpreter is None or uv is None:
             pytest.skip(f"{REFERENCE} needs Python >= 3.12 and uv; this machine has neither")
         subprocess.run([uv, "venv", "-q", "-p", interpreter, str(venv)], check=True)

@@ -7,8 +7,9 @@
 -- retry of an admission whose replicas never confirmed it (answered 503): it takes the
 -- rollout over with its own lease digest. Either way the digest is written, so the WAIT after
 -- the script confirms the record reached the replicas before the trainer hears 202.
-local digest = redis.call('HGET', KEYS[1], FIELD.lease_digest)
-if digest == ARGV[6] or (digest and redis.call('HGET', KEYS[1], FIELD.unconfirmed)) then
+local held = redis.call('HMGET', KEYS[1], FIELD.status, FIELD.lease_digest, FIELD.unconfirmed)
+local digest = held[2]
+if digest == ARGV[6] or (digest and held[3]) then
   redis.call('HSET', KEYS[1], FIELD.lease_digest, ARGV[6])
   return ADMIT.queued
 end
@@ -18,7 +19,7 @@ end
 if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[1]) then
   return ADMIT.full
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if held[1] then
   return ADMIT.duplicate
 end
 local now = now_ms()

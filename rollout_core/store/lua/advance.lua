@@ -18,16 +18,21 @@ if fields[3] and ARGV[5] ~= '' and (status == STATUS.success or status == STATUS
     status = STATUS.cancelled
   end
 end
-if #ARGV > 5 then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 6))
-end
 if TERMINAL[status] then
+  if #ARGV > 5 then
+    redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+  end
   terminate(KEYS[1], status, result, ARGV[4])
   return outcome
 end
-redis.call('HSET', KEYS[1], FIELD.status, status)
+-- One write: the status, the result if any, the caller's fields.
+local writes = {FIELD.status, status}
 if result ~= '' then
-  redis.call('HSET', KEYS[1], FIELD.result, result)
+  writes[3], writes[4] = FIELD.result, result
 end
-redis.call('PUBLISH', CHANGES, KEYS[1])
+for i = 6, #ARGV do
+  writes[#writes + 1] = ARGV[i]
+end
+redis.call('HSET', KEYS[1], unpack(writes))
+publish_change(KEYS[1], status)
 return outcome

@@ -10,7 +10,8 @@
 --             fail it), VERDICT.abandoned (a worker gave it up, its reason in the record)
 local now = now_ms()
 local fields = redis.call('HMGET', KEYS[1], FIELD.status, FIELD.accepted_at,
-                          FIELD.cancel_requested, FIELD.abandon_reason, FIELD.execution)
+                          FIELD.cancel_requested, FIELD.abandon_reason, FIELD.execution,
+                          FIELD.attempt, FIELD.started_at)
 local status = fields[1]
 if not status or status == STATUS.admitting then
   return {VERDICT.missing}
@@ -29,17 +30,15 @@ local phase = STATUS.running
 if status == STATUS.delivering then
   phase = STATUS.delivering
 end
-local attempt
-if repeated then
-  attempt = tonumber(redis.call('HGET', KEYS[1], FIELD.attempt))
-else
-  attempt = redis.call('HINCRBY', KEYS[1], FIELD.attempt, 1)
-  redis.call('HSET', KEYS[1], FIELD.status, phase, FIELD.execution, ARGV[1],
-             FIELD.worker, ARGV[2], FIELD.claimed_at, now, FIELD.task, ARGV[5])
-  redis.call('HSETNX', KEYS[1], FIELD.started_at, now)
+local attempt = tonumber(fields[6] or 0)
+if not repeated then
+  attempt = attempt + 1
+  redis.call('HSET', KEYS[1], FIELD.status, phase, FIELD.execution, ARGV[1], FIELD.worker, ARGV[2],
+             FIELD.claimed_at, now, FIELD.task, ARGV[5], FIELD.attempt, attempt,
+             FIELD.started_at, fields[7] or now)
   redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
   if status ~= phase then
-    redis.call('PUBLISH', CHANGES, KEYS[1])
+    publish_change(KEYS[1], phase)
   end
 end
 -- A delivering rollout has its result: it is delivered, never refused (a refusal would

@@ -21,6 +21,11 @@ if tonumber(fields[4]) <= now then
   redis.call('PUBLISH', STOPS, KEYS[1])
   return {POLL.final, ARGV[4]}
 end
-redis.call('HSET', KEYS[1], FIELD.poll_deadline, now + tonumber(ARGV[2]))
-redis.call('ZADD', POLLS, now + tonumber(ARGV[2]), KEYS[1])
+-- Renewed only when that moves the deadline by over a tenth of the lease: a trainer polling
+-- in a tight loop does not rewrite it on every poll (the lease it holds stays >= 90 %).
+local deadline = now + tonumber(ARGV[2])
+if deadline - tonumber(fields[4]) > tonumber(ARGV[2]) / 10 then
+  redis.call('HSET', KEYS[1], FIELD.poll_deadline, deadline)
+  redis.call('ZADD', POLLS, deadline, KEYS[1])
+end
 return {POLL.status, fields[1]}

@@ -30,5 +30,5 @@ else
   redis.call('HINCRBY', KEYS[1], FIELD.handoffs, 1)
 end
 redis.call('RPUSH', KEYS[2], ARGV[2])
-redis.call('PUBLISH', CHANGES, KEYS[1])
+publish_change(KEYS[1], STATUS.queued)
 return 1

@@ -8,7 +8,7 @@ redis.call('ZREM', LEASES, KEYS[1])
 local status = redis.call('HGET', KEYS[1], FIELD.status)
 if status == STATUS.running or status == STATUS.grading then
   redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued)
-  redis.call('PUBLISH', CHANGES, KEYS[1])
+  publish_change(KEYS[1], STATUS.queued)
 elseif status ~= STATUS.delivering then
   return 0
 end

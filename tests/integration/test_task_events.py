@@ -1,0 +1,78 @@
+"""Flower's view of the fleet's tasks, with the task events sent in batches (issue 17).
+
+A worker's task events (received, started, succeeded) go out every quarter second in one
+``task-multi`` message instead of one publish each. Whatever reads them as Flower does
+(Celery's event ``State``) must still see every rollout's task, named, with its rollout id
+as its argument, succeeded — and the publishes must be far fewer than the events.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from celery.events.state import State
+
+from tests.conftest import v2_fleet
+from tests.harness import V2FleetUnderTest
+
+fleet = v2_fleet(gateways=1, workers=1)
+ROLLOUTS = 40
+
+
+class EventChannel:
+    """Every task-event message the fleet's Redis carries while inside, as published."""
+
+    def __init__(self, fleet: V2FleetUnderTest) -> None:
+        self._pubsub = fleet.redis.pubsub()  # type: ignore[no-untyped-call]
+        self._pubsub.psubscribe("/*.celeryev/task.*")
+        self.messages: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+
+    def __enter__(self) -> EventChannel:
+        self._thread.start()
+        return self
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            message = self._pubsub.get_message(timeout=0.1)
+            if message and message["type"] == "pmessage":
+                self.messages.append(json.loads(message["data"]))
+
+    def __exit__(self, *_: Any) -> None:
+        time.sleep(1.0)  # a flush period and more: the last events are out
+        self._stop.set()
+        self._thread.join()
+        self._pubsub.close()
+
+    def events(self) -> list[dict[str, Any]]:
+        """The events, unpacked as Celery's receiver unpacks them (a list is a batch)."""
+        unpacked: list[dict[str, Any]] = []
+        for message in self.messages:
+            body = json.loads(base64.b64decode(message["body"]))
+            unpacked.extend(body if isinstance(body, list) else [body])
+        return unpacked
+
+
+def test_every_rollout_shows_succeeded_from_batched_events(fleet: V2FleetUnderTest) -> None:
+    with EventChannel(fleet) as channel, ThreadPoolExecutor(ROLLOUTS) as pool:
+        results = list(pool.map(lambda _: fleet.run(), range(ROLLOUTS)))
+    assert all(result["status"] == "success" for result in results)
+    events = channel.events()
+    state = State()
+    for event in events:
+        state.event({**event, "local_received": time.time()})  # what a receiver adds
+    tasks = {task.args: task for _, task in state.itertasks()}
+    for result in results:
+        task = tasks[repr(result["rollout_id"])]  # the id only, never the request
+        assert (task.name, task.state) == ("rollout.run", "SUCCESS")
+        assert task.started is not None
+        assert task.worker is not None
+    types = [event["type"] for event in events if event.get("args") is not None]
+    assert types.count("task-received") >= ROLLOUTS
+    assert len(channel.messages) < len(events) / 5, (len(channel.messages), len(events))

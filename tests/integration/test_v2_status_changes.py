@@ -1,0 +1,123 @@
+"""What a v2 rollout's status changes cost and tell (issue 17, CONFORMANCE 82 and 84).
+
+Every change is published with the new status, so a long-poll it ends answers without reading
+the record; a grader done within ``GRADING_REPORT_DELAY_SECONDS`` is not reported as
+``grading`` (that write, the poll it ends and the one after would cost more than the
+grading), a slower one is, before the final status.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import redis
+
+from rollout_worker.v2 import GRADING_REPORT_DELAY_SECONDS
+from tests.conftest import v2_fleet
+from tests.harness import V2FleetUnderTest
+
+fleet = v2_fleet(gateways=1, workers=1)
+TERMINAL = {"success", "failure", "cancelled"}
+
+
+class Changes:
+    """Every message on the fleet's change channel while inside."""
+
+    def __init__(self, fleet: V2FleetUnderTest) -> None:
+        self._pubsub = fleet.redis.pubsub()  # type: ignore[no-untyped-call]
+        self._pubsub.subscribe(f"{fleet.prefix}:changes")
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+
+    def __enter__(self) -> Changes:
+        self._thread.start()
+        return self
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            message = self._pubsub.get_message(timeout=0.1)
+            if message and message["type"] == "message":
+                data = message["data"]
+                self.messages.append(data.decode() if isinstance(data, bytes) else str(data))
+
+    def __exit__(self, *_: Any) -> None:
+        time.sleep(0.3)  # the last publish reaches us
+        self._stop.set()
+        self._thread.join()
+        self._pubsub.close()
+
+    def of(self, record: str) -> list[str]:
+        """The statuses published for ``record``, in order."""
+        return [m.split(" ", 1)[0] for m in self.messages if m.split(" ", 1)[1] == record]
+
+
+def test_a_quick_grader_is_not_reported_grading_and_each_change_carries_its_status(
+    fleet: V2FleetUnderTest,
+) -> None:
+    with Changes(fleet) as changes:
+        final = fleet.run(metadata={"script": [{"chat": {}}], "grade": [{"reward": 1.0}]})
+    assert final["status"] == "success"
+    record = fleet.record_key(final["rollout_id"])
+    assert changes.of(record) == ["running", "success"]
+
+
+def test_a_slow_grader_is_reported_grading_before_its_final_status(
+    fleet: V2FleetUnderTest,
+) -> None:
+    """CONFORMANCE 82 and 84: the poll waiting on the running rollout returns at
+    ``grading``; the statuses successive polls see never go backwards."""
+    grading_for = max(1.0, 20 * GRADING_REPORT_DELAY_SECONDS)
+    metadata = {"script": [{"chat": {}}], "grade": [{"sleep": grading_for}, {"reward": 1.0}]}
+    with Changes(fleet) as changes:
+        rollout_id, token = fleet.admitted(metadata=metadata)
+        seen: list[str] = []
+        while not seen or seen[-1] not in TERMINAL:
+            response = fleet.poll(rollout_id, token)
+            assert response.status_code == 200, response.text
+            seen.append(response.json()["status"])
+    order = ["queued", "running", "grading", "success"]
+    assert "grading" in seen, seen
+    assert [order.index(status) for status in seen] == sorted(order.index(s) for s in seen)
+    assert changes.of(fleet.record_key(rollout_id)) == ["running", "grading", "success"]
+
+
+def test_a_poll_woken_by_a_change_answers_without_reading_the_record(
+    fleet: V2FleetUnderTest,
+) -> None:
+    """The long-polls ended by ``running`` and ``grading`` read nothing: outside its poll
+    scripts the gateway reads the record once (HMGET), for the final result. Before, every
+    poll a change ended read it again."""
+    metadata = {
+        "script": [{"sleep": 1.0}, {"chat": {}}],
+        "grade": [{"sleep": 1.0}, {"reward": 1.0}],
+    }
+    rollout_id, token = fleet.admitted(metadata=metadata)
+    record = fleet.record_key(rollout_id)
+    fleet.wait_status(rollout_id, {"running"})
+    reads: list[str] = []
+    stop = threading.Event()
+    client = redis.Redis.from_url(fleet.fleet.redis_url, decode_responses=True)
+
+    def watch() -> None:
+        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            while not stop.is_set():
+                command = monitor.next_command()
+                words = command["command"].split()
+                if command["client_type"] != "lua" and words[:2] == ["HMGET", record]:
+                    reads.append(command["command"])
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    time.sleep(0.3)
+    statuses: list[str] = []
+    while not statuses or statuses[-1] not in TERMINAL:
+        statuses.append(fleet.poll(rollout_id, token).json()["status"])
+    stop.set()
+    client.ping()  # one more command, so the monitor's last read returns
+    watcher.join(5)
+    client.close()
+    assert statuses[-2:] == ["grading", "success"], statuses  # a poll the change ended, then
+    assert len(reads) == 1, reads  # the final one
