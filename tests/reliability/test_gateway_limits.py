@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -94,3 +95,24 @@ def test_f11_hung_get_tools_calls_refuse_admissions_clearly_and_unready_the_gate
     rollout_id = new_id("after")
     assert handle.init(handle.body(rollout_id)).status_code == 202
     handle.wait_delivered([rollout_id])
+
+
+def test_a_burst_of_admissions_waits_for_get_tools_threads_instead_of_503(
+    start_fleet: StartFleet,
+) -> None:
+    """Issue 17's benchmark found it: every get_tools call in flight counted as holding a
+    thread, so 256 v1 admissions at once on 16 threads answered 503 to 288 of them. Two
+    threads, 20 admissions at once whose get_tools takes 0.3 s (well inside its timeout):
+    all admitted, all delivered; ``/ready`` stays ready."""
+    env = {"ROLLOUT_FLEET_GET_TOOLS_THREADS": "2", "ROLLOUT_FLEET_GET_TOOLS_TIMEOUT_SECONDS": "10"}
+    handle = start_fleet(workers=1, env=env)
+    slow = {"get_tools": "hang", "hang_s": 0.3}
+    ids = [new_id("burst") for _ in range(20)]
+    with ThreadPoolExecutor(len(ids)) as pool:
+        answers = list(pool.map(lambda i: handle.init(handle.body(i, metadata=slow)), ids))
+        ready = handle.http.get("/ready")
+    assert [answer.status_code for answer in answers] == [202] * len(ids), [
+        answer.text for answer in answers if answer.status_code != 202
+    ][:2]
+    assert ready.status_code == 200
+    handle.wait_delivered(ids)
