@@ -147,7 +147,9 @@ class FleetSettings(BaseSettings):
     visibility_timeout_seconds: int = Field(
         300,
         ge=10,
-        description="Broker redelivery backstop; leases, not this, recover crashed rollouts.",
+        description="When kombu hands out again a message recorded as taken; the fleet's workers "
+        "keep taken messages in memory instead, and leases and the lost-message check recover "
+        "crashed rollouts.",
     )
     allowed_trainer_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
