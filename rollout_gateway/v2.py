@@ -132,9 +132,11 @@ class FleetRollouts(RolloutService):
                 async with asyncio.timeout(self._wait_sec):
                     await watch.changed.wait()
                 status = watch.status
-        # Authenticated above; unless the rollout finished (its result is read) or the
-        # listener lost track, the status at hand is the answer.
-        if status is None or status in TERMINAL:
+        # Authenticated above, the status at hand is the answer — unless the rollout finished
+        # (its result is read), the listener lost track, or the change is older than what the
+        # poll saw (a listener lagging behind; or a hand-back to queued): the record decides.
+        stale = reply.status is not None and status is not None and status.precedes(reply.status)
+        if status is None or status in TERMINAL or stale:
             return await self._current(key, rollout_id, lease_token)
         return RolloutResultResponse(rollout_id=rollout_id, status=RolloutStatus(status))
 

@@ -290,7 +290,7 @@ async def test_the_results_the_fleet_makes_are_the_models_wire_results(
 
     await v2_admit(store, "e1", "d1")
     expired = store.keys.record("v2", "e1")
-    await redis.hset(expired, RecordField.POLL_DEADLINE, 0)  # the lease ran out
+    await redis.zadd(store.keys.poll_leases, {expired: 0})  # the lease ran out
     reply = await store.poll(
         expired,
         "d1",

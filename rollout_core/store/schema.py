@@ -60,6 +60,11 @@ class Status(StrEnum):
     FAILURE = "failure"
     CANCELLED = "cancelled"
 
+    def precedes(self, other: Status) -> bool:
+        """Earlier than ``other`` in the order above."""
+        order = list(Status)
+        return order.index(self) < order.index(other)
+
 
 TERMINAL = frozenset({Status.SUCCESS, Status.FAILURE, Status.CANCELLED})
 HELD = frozenset({Status.RUNNING, Status.GRADING, Status.DELIVERING})  # under a worker lease
@@ -96,7 +101,6 @@ class RecordField(StrEnum):
     RESULT = "result"  # v1: the completion body; v2: the wire result
     ADMIT_TOKEN = "admit_token"  # v1: which admission holds the key while it is admitting
     LEASE_DIGEST = "lease_digest"  # v2: digest of the trainer's polling lease token
-    POLL_DEADLINE = "poll_deadline"  # v2: when the polling lease runs out (ms)
     ACCEPTED_AT = "accepted_at"  # times in ms since the epoch, by Redis's clock
     STARTED_AT = "started_at"  # the first claim
     CLAIMED_AT = "claimed_at"  # the latest claim

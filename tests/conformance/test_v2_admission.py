@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from rollout_core.store import Keys
 from tests.conftest import v2_fleet
 from tests.harness import V2FleetUnderTest, new_id
 
@@ -152,4 +153,8 @@ def test_73_a_rollout_is_scheduled_before_its_202_is_written(fleet: V2FleetUnder
     assert fleet.trainer.calls("chat", body["rollout_id"]), "the abandoned rollout never ran"
     record = fleet.record(body["rollout_id"])
     assert record["status"] == "running"
-    assert int(record["poll_deadline"]) > 0  # it ends at lease expiry (see test_v2_leases)
+    deadline = fleet.redis.zscore(
+        Keys(fleet.prefix).poll_leases, fleet.record_key(body["rollout_id"])
+    )
+    assert deadline is not None  # it ends at lease expiry (see test_v2_leases)
+    assert deadline > 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -121,3 +122,20 @@ def test_a_poll_woken_by_a_change_answers_without_reading_the_record(
     client.close()
     assert statuses[-2:] == ["grading", "success"], statuses  # a poll the change ended, then
     assert len(reads) == 1, reads  # the final one
+
+
+def test_a_change_older_than_what_the_poll_saw_is_not_its_answer(
+    fleet: V2FleetUnderTest,
+) -> None:
+    """CONFORMANCE 84: a listener lagging behind can hand a waiting poll a change older than
+    the status its poll script read (``queued`` after it saw ``running``); the poll then
+    reads the record instead of answering a status that went backwards."""
+    rollout_id, token = fleet.admitted(metadata={"script": [{"sleep": 3.0}, {"chat": {}}]})
+    record = fleet.record_key(rollout_id)
+    fleet.wait_status(rollout_id, {"running"})
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(fleet.poll, rollout_id, token)
+        time.sleep(0.5)  # the poll is waiting
+        fleet.redis.publish(f"{fleet.prefix}:changes", f"queued {record}")
+        status = answer.result(timeout=30).json()["status"]
+    assert status == "running"

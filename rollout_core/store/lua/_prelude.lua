@@ -9,10 +9,11 @@ end
 local function publish_change(record, status)
   redis.call('PUBLISH', CHANGES, status .. CHANGE_SEPARATOR .. record)
 end
--- Whether the record's entry in a time index (LEASES, POLLS) is there and its time has come.
-local function due(index, record)
+-- Whether the record's entry in a time index (LEASES, POLLS) is there and its time has come
+-- (by ``now`` if the caller read the clock already).
+local function due(index, record, now)
   local at = redis.call('ZSCORE', index, record)
-  return at ~= false and tonumber(at) <= now_ms()
+  return at ~= false and tonumber(at) <= (now or now_ms())
 end
 -- Make a record terminal: result stored, secret and lease dropped, retention TTL started.
 -- FIELD.terminations counts the calls: anything but 1 is a bug (the chaos suite checks it).

@@ -25,7 +25,7 @@ end
 local now = now_ms()
 local deadline = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued, FIELD.accepted_at, now, FIELD.attempt, 0,
-           FIELD.poll_deadline, deadline, FIELD.lease_digest, ARGV[6], unpack(ARGV, 7))
+           FIELD.lease_digest, ARGV[6], unpack(ARGV, 7))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', ACTIVE, now, KEYS[1])
 redis.call('ZADD', POLLS, deadline, KEYS[1])
