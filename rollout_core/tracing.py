@@ -2,10 +2,10 @@
 the worker's execution to each TrainGate call (``ROLLOUT_FLEET_TRACING=true``; needs
 ``rollout-fleet[tracing]``; off, nothing here is imported).
 
-The standard instrumentations make the spans: FastAPI (the admission request), Celery (the
-task), httpx (TrainGate calls), redis (every command). The admission's trace context is
-kept in the rollout's record and in its Celery message, so the worker's execution span
-(``rollout.execute``) and the task's span join the admission's trace, on every attempt.
+The standard instrumentations make the spans: FastAPI (the admission request), httpx
+(TrainGate calls), redis (every command); the worker adds its execution span
+(``rollout.execute``). The admission's trace context is kept in the rollout's record (and
+its Celery message), so the execution span joins the admission's trace, on every attempt.
 Spans are exported over OTLP/HTTP, configured by the standard ``OTEL_*`` variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERVICE_NAME``, ...).
 """
@@ -27,7 +27,7 @@ _enabled = False
 
 def setup(service_name: str, app: Any | None = None) -> None:
     """Export spans and instrument this process: a gateway passes its FastAPI ``app``, a
-    worker nothing (its Celery tasks are instrumented)."""
+    worker nothing (its execution spans are made by :func:`execution`)."""
     global _enabled  # noqa: PLW0603 - one tracer provider per process
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -47,10 +47,6 @@ def setup(service_name: str, app: Any | None = None) -> None:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
         FastAPIInstrumentor.instrument_app(app)
-    else:
-        from opentelemetry.instrumentation.celery import CeleryInstrumentor
-
-        CeleryInstrumentor().instrument()  # type: ignore[no-untyped-call]
     _enabled = True
 
 

@@ -198,8 +198,7 @@ def worker(
             "worker",
             "--pool=threads",
             f"--concurrency={concurrency or settings.concurrency}",
-            "--prefetch-multiplier=1",
-            f"--queues={settings.queue}",
+            f"--exclude-queues={settings.queue}",  # taken by the runtime's intake
             "--without-gossip",
             "--without-mingle",
             f"--loglevel={(loglevel or settings.log_level).upper()}",

@@ -157,7 +157,6 @@ class Executor:
         settings: FleetSettings,
         carriers: Iterable[Carrier],
         speaks: Protocol,
-        concurrency: int,
         requeue_message: Callable[[RecordKey], str],
         sink: TrajectorySink | None = None,
     ) -> None:
@@ -168,8 +167,6 @@ class Executor:
         self._carriers = {carrier.protocol: carrier for carrier in carriers}
         self._speaks = speaks  # the generation the agent speaks; the other is refused
         self._requeue_message = requeue_message
-        # Celery's pool size is the real cap; this guards the loop if the two ever disagree.
-        self._slots = asyncio.Semaphore(concurrency)
         self._executions: dict[str, _Execution] = {}  # by execution id
         self._stopping = False
 
@@ -184,7 +181,8 @@ class Executor:
         return {e.key: e.task for e in list(self._executions.values())}
 
     async def execute(self, key: RecordKey, task_id: str = "") -> str:
-        """Run one delivery of ``rollout.run`` (Celery task ``task_id``); returns a short
+        """Run one delivery of ``rollout.run`` (Celery task ``task_id``) in the calling task,
+        which becomes the execution's (cancelling it stops the rollout); returns a short
         outcome for Flower."""
         with logs.about(self.store.keys.record_id(key)):
             return await self._execute(key, task_id)
@@ -217,9 +215,8 @@ class Executor:
             carrier = self._carriers[protocol]
             lease = Lease(self.store, key, execution, carrier.retention_seconds)
             refusal = Refusal.of(claim) or Refusal.foreign(protocol, self._speaks)
-            async with self._slots:
-                with tracing.execution(claim.record, self.store.keys.record_id(key)):
-                    status = await self._carry(carrier, claim, refusal, lease)
+            with tracing.execution(claim.record, self.store.keys.record_id(key)):
+                status = await self._carry(carrier, claim, refusal, lease)
         finally:
             metrics.INFLIGHT.dec()
             del self._executions[execution]

@@ -1,19 +1,21 @@
 """Everything one worker process owns, built whole when the worker starts and closed when it
 stops.
 
-The Celery task threads only call :meth:`WorkerRuntime.run_rollout`; all I/O happens on the
-process's event loop, with one Redis pool and one HTTP pool shared by every rollout.
+Every rollout runs on the process's event loop, taken there from the queue by the intake,
+with one Redis pool and one HTTP pool shared by every rollout. Celery's worker, on the main
+thread, only drives this object through its signals (``rollout_worker/tasks.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +38,10 @@ from rollout_worker import metrics, v1, v2
 from rollout_worker.chores import Chores, every
 from rollout_worker.deadline import ExitDeadline
 from rollout_worker.execution import Carrier, Executor
+from rollout_worker.intake import Intake
 from rollout_worker.loop import LoopThread
 from rollout_worker.sweeper import Sweeper
+from rollout_worker.task_events import OUTBOX
 from rollout_worker.trajectories import TrajectorySink
 from rollout_worker.watchdog import LoopWatchdog, Stall, TaskLineage
 
@@ -89,10 +93,17 @@ class _OnLoop:
     http: HttpClientShards
     executor: Executor
     sweeper: Sweeper
+    intake: Intake
 
     @classmethod
     async def open(
-        cls, settings: FleetSettings, app: Celery, agent: Agent, concurrency: int, worker: str
+        cls,
+        settings: FleetSettings,
+        app: Celery,
+        agent: Agent,
+        concurrency: int,
+        worker: str,
+        cancel_unstarted: Callable[[RecordKey], Awaitable[None]],
     ) -> _OnLoop:
         store = RecordStore.connect(settings)
         await refuse_data_loss(store, settings)
@@ -106,10 +117,17 @@ class _OnLoop:
         sink = None
         if settings.trajectory_dir:
             sink = TrajectorySink(store, Path(settings.trajectory_dir), worker.replace(":", "-"))
-        executor = Executor(
-            store, worker, settings, carriers, speaks, concurrency, requeue_message, sink
+        executor = Executor(store, worker, settings, carriers, speaks, requeue_message, sink)
+        intake = Intake(
+            store,
+            executor,
+            concurrency,
+            OUTBOX,
+            worker_state.revoked,
+            cancel_unstarted,
+            requeue_message,
         )
-        return cls(store, http, executor, Sweeper(store, requeue_message, settings))
+        return cls(store, http, executor, Sweeper(store, requeue_message, settings), intake)
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -129,9 +147,9 @@ class WorkerRuntime:
         self._app = app
         self._consumer_seen = -CONSUMER_SILENCE_SECONDS
         self._alive_file = Path(settings.worker_alive_file)
-        self._waiting: set[RecordKey] = set()  # rollouts pool threads handed to the loop
-        self._waiting_lock = threading.Lock()
         self._stopping = False
+        self._winding_down: concurrent.futures.Future[None] | None = None
+        self._intake: concurrent.futures.Future[None] | None = None  # its run on the loop
         self._exit_deadline = ExitDeadline(self._last_words)
         observe_traingate_calls(metrics.observe_traingate_call)
         self._metrics_server = self._serve_metrics(settings.metrics_port, settings.metrics_host)
@@ -139,7 +157,9 @@ class WorkerRuntime:
         self._lineage = TaskLineage()
         self._lineage.install(self._loop.loop)
         self._loop.start()
-        self._on_loop = self._loop.run(_OnLoop.open(settings, app, agent, concurrency, self.name))
+        self._on_loop = self._loop.run(
+            _OnLoop.open(settings, app, agent, concurrency, self.name, self._cancel_unstarted)
+        )
         self._chores = self._loop.run(self._start_chores())
         self._watchdog = LoopWatchdog(
             self._loop.loop,
@@ -173,6 +193,14 @@ class WorkerRuntime:
         )
 
     def stop(self) -> None:
+        """Celery's worker has stopped: wait for the wind-down (rollouts finished or handed
+        back), then close what the loop owns."""
+        self.begin_shutdown()  # a stop without SIGTERM first (Celery's own shutdown)
+        assert self._winding_down is not None
+        try:
+            self._winding_down.result(self.settings.shutdown_grace_seconds + HAND_BACK_SECONDS)
+        except Exception:  # a timeout, or a wind-down that failed: close all the same
+            logger.exception("stopping: the rollouts did not wind down in time")
         self._watchdog.stop()
         self._loop.run(self._close(), timeout=CLOSE_SECONDS)
         self._loop.stop()
@@ -191,23 +219,26 @@ class WorkerRuntime:
         await self._on_loop.aclose()
 
     def mark_ready(self) -> None:
-        """The consumer is running: announce this worker now rather than at the next beat."""
+        """Celery's consumer is running (revokes reach this worker): start taking rollouts,
+        and announce this worker now rather than at the next beat."""
         self.ready = True
+        self._intake = self._loop.submit(self._on_loop.intake.run())
         self._loop.submit(self._heartbeat())
 
     def begin_shutdown(self) -> None:
-        """SIGTERM: Celery stops consuming and waits for running tasks; make that wait short
-        by handing unfinished rollouts to other workers after the grace period, and exit by
-        a deadline whatever blocks (even if this loop is stuck: armed from here too)."""
+        """SIGTERM: stop taking messages, let running rollouts finish for the grace period,
+        hand the rest to other workers, and exit by a deadline whatever blocks (even if this
+        loop is stuck: armed from here too)."""
         if self._stopping:
             return
         self._stopping = True
         grace = self.settings.shutdown_grace_seconds
         self._exit_deadline.arm(grace + HAND_BACK_SECONDS + CLOSE_SECONDS)
-        self._loop.submit(self._hand_back(grace))
+        self._winding_down = self._loop.submit(self._wind_down(grace))
 
-    async def _hand_back(self, grace: float) -> None:
-        executor = self._on_loop.executor
+    async def _wind_down(self, grace: float) -> None:
+        intake, executor = self._on_loop.intake, self._on_loop.executor
+        intake.stop_taking()
         logger.warning(
             "stopping: %d rollouts running; those unfinished in %gs go to other workers",
             len(executor.leases),
@@ -215,6 +246,9 @@ class WorkerRuntime:
         )
         try:
             handed = await executor.hand_back(grace, HAND_BACK_SECONDS)
+            if self._intake is not None:
+                await asyncio.wrap_future(self._intake)  # a take in progress comes back
+            await intake.drained()  # a message taken meanwhile: handed straight back
         finally:
             # Nothing left to wait for: Celery's shutdown and ours get CLOSE_SECONDS.
             self._exit_deadline.arm(CLOSE_SECONDS)
@@ -225,26 +259,13 @@ class WorkerRuntime:
         """Before a deadline ends the process: the liveness probe must not find it alive."""
         self._alive_file.unlink(missing_ok=True)
 
-    def cancel_unstarted(self, key: RecordKey) -> None:
-        """Celery discarded this rollout's message (revoked before it started): record the
-        cancellation, and for v1 report it to the trainer, which would otherwise never hear."""
-        self._loop.submit(self._cancel_unstarted(key))
-
     async def _cancel_unstarted(self, key: RecordKey) -> None:
+        """A revoked message taken before its rollout started: record the cancellation, and
+        for v1 report it to the trainer, which would otherwise never hear."""
         store = self._on_loop.store
         result = cancelled_result(store.keys, key)
         await store.cancel({key: result}, self.settings.result_retention_seconds)
         await self._on_loop.executor.execute(key)  # a v1 rollout claims as cancelled, reports
-
-    def run_rollout(self, key: RecordKey, task_id: str) -> str:
-        """Called on a Celery pool thread: run the rollout on the loop and wait for it."""
-        with self._waiting_lock:
-            self._waiting.add(key)
-        try:
-            return self._loop.run(self._on_loop.executor.execute(key, task_id))
-        finally:
-            with self._waiting_lock:
-                self._waiting.discard(key)
 
     def _rollout_of(self, task: asyncio.Task[Any] | None) -> str | None:
         return self._lineage.root_in(task, self._on_loop.executor.running)
@@ -273,8 +294,7 @@ class WorkerRuntime:
     async def _give_back(self, culprit: str | None, reason: str) -> None:
         """Runs on a loop of its own, with a Redis client of its own: the worker's are stuck."""
         held = self._on_loop.executor.leases
-        with self._waiting_lock:
-            unstarted = self._waiting.difference(held)
+        unstarted = self._on_loop.intake.taken.difference(held)
         store = RecordStore.connect(self.settings, max_connections=2)
         try:
             for key, execution in held.items():
@@ -310,7 +330,9 @@ class WorkerRuntime:
         self._consumer_seen = time.monotonic()
 
     def consuming(self) -> bool:
-        return time.monotonic() - self._consumer_seen < CONSUMER_SILENCE_SECONDS
+        """Celery's consumer beats (revokes reach this worker) and the intake takes work."""
+        fresh = time.monotonic() - self._consumer_seen < CONSUMER_SILENCE_SECONDS
+        return fresh and self._on_loop.intake.alive()
 
     async def _cancel_revoked(self) -> None:
         """Flower's Revoke (and ``celery control revoke``) cancels that rollout's task only."""

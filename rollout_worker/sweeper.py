@@ -7,10 +7,11 @@
   partitioned Redis, an AOF load, a failover): leases lapsed then because nobody could renew
   them, and their live holders get that long to renew before anyone takes over (a takeover
   of a rollout delivering its v1 callback would post that callback twice).
-* A rollout waiting for a worker whose message vanished gets a new one. Workers keep the
-  messages they take in memory only (``rollout_core/queue/broker.py``), so this is how a
-  rollout comes back whose worker took its message and died before starting it (within the
-  milliseconds in between), or whose message a broken connection or a Redis restart lost.
+* A rollout waiting for a worker whose message vanished gets a new one. A worker's intake
+  takes a message off the queue and claims its rollout in the next step
+  (``rollout_worker/intake.py``), so this is how a rollout comes back whose worker died in
+  between (or froze with the message in its socket), or whose message a broken connection
+  or a Redis restart lost.
   One worker at a time checks, every two leases; a rollout is resent only when two checks in
   a row miss its message (a message on its way to a worker can hide from one check), and a
   needless resend is harmless: the claim turns the extra message away. With the default 15 s

@@ -1,27 +1,22 @@
-"""The Celery side of a worker: the ``rollout.run`` task and the process lifecycle signals.
+"""The Celery side of a worker: its lifecycle signals, which start and stop the runtime.
 
-The task is a thin synchronous wrapper: it hands the record key to the process's event
-loop and waits, so Celery's ``--concurrency`` caps the rollouts in flight per process.
-Importing this module registers the task on the fleet's Celery app (``rollout-fleet worker``
-does, before it starts the worker).
+Celery's worker consumes no queue here (``rollout-fleet worker`` excludes the rollout queue):
+the runtime's intake takes the ``rollout.run`` messages on the event loop
+(``rollout_worker/intake.py``). Celery keeps what it is good at: remote control (revokes),
+heartbeats, and the task events Flower shows, which the intake hands it
+(``rollout_worker/task_events.py``). ``--concurrency`` is the rollouts in flight per process.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
-import threading
 from collections.abc import Sequence
 from typing import Any
 
-from celery import Task, signals
-from celery.exceptions import Reject
+from celery import signals
 
 from rollout_core import logs, tracing
 from rollout_core.queue.celery_app import app, settings
-from rollout_core.queue.envelope import TASK_NAME
-from rollout_core.store import Keys, RecordKey, StoreError
 from rollout_sdk.loader import AgentLoadError, load_agent
 from rollout_sdk.server.http import settle_heap
 from rollout_worker import task_events
@@ -38,25 +33,6 @@ def _configure_logging(loglevel: int | str | None = None, **_: Any) -> None:
     """Ours instead of Celery's: the fleet's format, with each line's rollout."""
     level = logging.getLevelName(loglevel) if isinstance(loglevel, int) else loglevel
     logs.configure(level or settings.log_level, settings.log_format)
-
-
-# A pool thread runs one task at a time: the rollout its log lines name, while it runs.
-_naming = threading.local()
-
-
-@signals.task_prerun.connect
-def _name_rollout(args: Any = None, **_: Any) -> None:
-    """Celery's own lines about a task (its outcome) name the task's rollout."""
-    if args:
-        _naming.token = logs.begin(Keys(settings.key_prefix).record_id(args[0]))
-
-
-@signals.task_postrun.connect
-def _unname_rollout(**_: Any) -> None:
-    token = getattr(_naming, "token", None)
-    if token is not None:
-        _naming.token = None
-        logs.end(token)
 
 
 @signals.worker_init.connect
@@ -107,28 +83,6 @@ def _stop_runtime(**_: Any) -> None:
     tracing.shutdown()
 
 
-@signals.task_revoked.connect
-def _revoked(request: Any = None, **_: Any) -> None:
-    """A revoked message is dropped unexecuted; the record must not stay queued forever."""
-    args = getattr(request, "args", None)
-    if _runtime is not None and args and getattr(request, "task", None) == TASK_NAME:
-        _runtime.cancel_unstarted(RecordKey(args[0]))
-
-
-@app.task(name=TASK_NAME, bind=True)
-def run_rollout(self: Task[Any, str], key: str) -> str:
-    if _runtime is None:
-        raise RuntimeError("the worker runtime is not running")
-    try:
-        return _runtime.run_rollout(RecordKey(key), self.request.id or "")
-    except (asyncio.CancelledError, concurrent.futures.CancelledError):
-        return "cancelled"
-    except StoreError as exc:
-        # Acking now could lose a rollout whose claim never reached Redis; put the message
-        # back (a duplicate delivery is harmless: the claim sorts it out).
-        raise Reject(f"Redis unavailable ({type(exc).__name__}); requeued", requeue=True) from exc
-
-
 def run_worker(argv: Sequence[str]) -> None:
-    """Run a Celery worker of the fleet's app, with ``rollout.run`` registered (above)."""
+    """Run a Celery worker of the fleet's app, with the signals above connected."""
     app.worker_main(list(argv))

@@ -580,9 +580,12 @@ async def test_the_lost_message_check_costs_the_same_round_trips_with_any_number
             await store.claim(key, f"w:{n}", "w", 60, 5)
         await redis.delete("q")  # the running ones' messages were taken; lost's vanished
         await gateway_admitted(store, "waiting")  # the queue's oldest admission now
-        before = int((await redis.info("stats"))["total_commands_processed"])
-        assert await store.waiting_without_message() == {lost}
-        costs.append(int((await redis.info("stats"))["total_commands_processed"]) - before)
+        counts = []
+        for _ in range(3):  # the least of three: Redis counts any other client's too
+            before = int((await redis.info("stats"))["total_commands_processed"])
+            assert await store.waiting_without_message() == {lost}
+            counts.append(int((await redis.info("stats"))["total_commands_processed"]) - before)
+        costs.append(min(counts))
     few, many = costs
     assert many == few, f"a check ran {few} commands with 10 running, {many} with 1000"
 

@@ -1,10 +1,9 @@
 """The Celery app: the one configuration every process that touches the broker loads.
 
-Workers (``rollout-fleet worker``, which registers the ``rollout.run`` task of
-``rollout_worker.tasks`` on this app), Flower (``rollout-fleet flower``) and gateways (which
-build task messages with it) all load this module, so they agree on the broker, the queue and
-above all the visibility timeout (a process with a shorter one would redeliver everyone's
-in-flight messages; docs/design/celery-notes.md §2.3).
+Workers (``rollout-fleet worker``: Celery's worker for control, heartbeats and task events,
+while the worker's intake takes the ``rollout.run`` messages itself), Flower (``rollout-fleet
+flower``) and gateways (which build task messages with it) all load this module, so they
+agree on the broker, the queue and the message format.
 
 Delivery is at-least-once; correctness comes from the store's per-rollout leases
 (``rollout_core/store``), not from Celery: duplicates are expected and harmless.
@@ -46,13 +45,11 @@ app.conf.update(
     accept_content=["json"],
     result_accept_content=["json"],
     task_default_queue=settings.queue,
-    task_acks_late=True,
-    task_acks_on_failure=True,
-    task_reject_on_worker_lost=True,
     task_send_sent_event=False,
+    # Workers take their messages themselves (rollout_worker/intake.py); Celery's pool only
+    # carries --concurrency, the slots the intake fills.
     worker_pool="threads",
     worker_concurrency=settings.concurrency,
-    worker_prefetch_multiplier=1,
     worker_send_task_events=settings.task_events,  # what Flower shows
     worker_disable_rate_limits=True,
     worker_cancel_long_running_tasks_on_connection_loss=False,

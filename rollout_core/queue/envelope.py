@@ -28,6 +28,7 @@ TASK_NAME = "rollout.run"
 # lost-message check leans on it: see ``RecordStore.waiting_without_message``.
 ADMITTED_HEADER = "rollout_admitted"
 REDELIVERED_HEADER = "redelivered"
+JSON_CONTENT_TYPE = "application/json"
 
 
 def new_task_id() -> str:
@@ -94,22 +95,42 @@ def task_message(
 
 @dataclass(frozen=True)
 class QueuedMessage:
-    """What the lost-message check needs to know of a message in the queue."""
+    """What a worker taking a message and the lost-message check need to know of it."""
 
     record: str  # the record key it runs
     task_id: str
     admitted: bool  # pushed by its rollout's admission and never pushed again since
+    label: str = ""  # what Flower shows as the task's args
+
+
+class NotARollout(ValueError):
+    """A queued message the fleet does not run; its text says why."""
+
+
+def read_taken(raw: str) -> QueuedMessage:
+    """A taken message's facts, or :class:`NotARollout`. Only JSON is ever decoded: a message
+    of any other content type (a pickle) is refused before its body is read."""
+    try:
+        message = json.loads(raw)
+        headers, content_type = message["headers"], message.get("content-type")
+        record = _record_of(message) if content_type == JSON_CONTENT_TYPE else None
+        facts = (str(headers["id"]), headers.get(ADMITTED_HEADER), headers.get(REDELIVERED_HEADER))
+    except (ValueError, LookupError, TypeError, AttributeError) as exc:
+        raise NotARollout(f"not a task message ({type(exc).__name__}: {exc})") from None
+    if content_type != JSON_CONTENT_TYPE:
+        raise NotARollout(f"content type {content_type!r} refused: only JSON is accepted")
+    if record is None:
+        raise NotARollout(f"task {headers.get('task')!r} is not {TASK_NAME!r}")
+    task_id, admitted, redelivered = facts
+    label = str(headers.get("argsrepr") or "")
+    return QueuedMessage(record, task_id, bool(admitted) and not redelivered, label)
 
 
 def read_queued(raw: str) -> QueuedMessage | None:
     """A queued message's facts (``None`` if it is not a rollout's)."""
     try:
-        message = json.loads(raw)
-        record = _record_of(message)
-        headers = message["headers"]
-        admitted = bool(headers.get(ADMITTED_HEADER)) and not headers.get(REDELIVERED_HEADER)
-        return None if record is None else QueuedMessage(record, str(headers["id"]), admitted)
-    except (ValueError, LookupError, TypeError, AttributeError):
+        return read_taken(raw)
+    except NotARollout:
         return None
 
 
@@ -131,10 +152,12 @@ def _record_of(message: dict[str, Any]) -> str | None:
 __all__ = [
     "ADMITTED_HEADER",
     "TASK_NAME",
+    "NotARollout",
     "QueuedMessage",
     "admission_message",
     "new_task_id",
     "read_queued",
+    "read_taken",
     "record_of_delivery",
     "task_message",
 ]

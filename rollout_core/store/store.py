@@ -685,6 +685,12 @@ class RecordStore:
         info = await self._redis.info("server")
         return float(info["uptime_in_seconds"])
 
+    async def take(self, wait_seconds: float) -> str | None:
+        """Take the oldest message off the queue (the end admissions do not push to), waiting
+        up to ``wait_seconds`` for one; ``None`` if none came."""
+        reply = await self._redis.brpop([self.queue], timeout=wait_seconds)
+        return None if reply is None else str(reply[1])
+
     async def requeue(self, key: RecordKey, message: str) -> bool:
         return bool(await self._run("requeue", [key, self.queue], [message]))
 

@@ -135,7 +135,7 @@ def test_a_pickled_broker_message_is_refused(start_fleet: StartFleet, tmp_path: 
             routing_key="rollouts",
             headers={"task": "rollout.run", "id": "a-pickle", "argsrepr": "()"},
         )
-    refusal = "Refusing to deserialize untrusted content of type pickle"
+    refusal = "content type 'application/x-python-serialize' refused: only JSON is accepted"
     deadline = time.monotonic() + 15
     while refusal not in handle.logs(tail=20_000) and time.monotonic() < deadline:
         time.sleep(0.2)

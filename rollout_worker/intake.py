@@ -1,0 +1,177 @@
+"""The worker's intake: it takes rollout messages off the queue itself, on its event loop.
+
+Celery's worker still runs in the process — its remote control (Flower's Revoke), its
+heartbeats and the task events Flower shows go through it — but it consumes no queue
+(``rollout-fleet worker`` excludes the rollout queue). Its consumer thread, thread pool and
+the hop from a pool thread to the loop for every task cost as much CPU as the rest of a
+no-op rollout (docs/PERFORMANCE.md); here a message costs one ``BRPOP`` and a task.
+
+A message is taken only while one of the worker's ``slots`` is free, so a worker never
+holds more messages than it runs, and what it took starts at once: the claim follows in the
+same turn of the loop. A worker that dies in between loses the message; the lost-message
+check resends its rollout (``rollout_worker/sweeper.py``), as it did when Celery held taken
+messages in memory. A message whose task id was revoked (Flower's Revoke of a queued
+rollout) is not run: its rollout is cancelled, and a v1 trainer is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Container
+
+from rollout_core import logs
+from rollout_core.queue.envelope import NotARollout, QueuedMessage, read_taken
+from rollout_core.store import RecordKey, RecordStore, StoreError
+from rollout_worker.execution import Executor
+from rollout_worker.task_events import TaskEventOutbox
+
+logger = logging.getLogger(__name__)
+
+# How long one take waits for a message: a stopping worker stops taking within it, and an
+# idle worker costs Redis one command per this period.
+TAKE_WAIT_SECONDS = 1.0
+RETRY_SECONDS = 1.0  # after a take failed (Redis away)
+# A take that has not come back for this long means the intake is stuck (liveness).
+SILENCE_SECONDS = 10.0
+
+
+class Intake:
+    def __init__(
+        self,
+        store: RecordStore,
+        executor: Executor,
+        slots: int,
+        events: TaskEventOutbox,
+        revoked: Container[str],
+        cancel_unstarted: Callable[[RecordKey], Awaitable[None]],
+        requeue_message: Callable[[RecordKey], str],
+    ) -> None:
+        self._store = store
+        self._executor = executor
+        self._slots = asyncio.Semaphore(slots)
+        self._events = events
+        self._revoked = revoked  # Celery's revoked task ids (its control thread adds to it)
+        self._cancel_unstarted = cancel_unstarted
+        self._requeue_message = requeue_message
+        self._stopping = False
+        self._turned = time.monotonic()  # when a take last came back
+        self._redis_away = False
+        self._runs: dict[asyncio.Task[None], RecordKey] = {}
+
+    @property
+    def taken(self) -> set[RecordKey]:
+        """The rollouts whose message this worker took and has not finished with."""
+        return set(list(self._runs.values()))
+
+    def alive(self) -> bool:
+        """Taking messages, or busy with all its slots."""
+        return self._slots.locked() or time.monotonic() - self._turned < SILENCE_SECONDS
+
+    async def run(self) -> None:
+        """Take and start messages until :meth:`stop_taking`."""
+        while not self._stopping:
+            await self._slots.acquire()
+            try:
+                raw = await self._take()
+            except BaseException:
+                self._slots.release()
+                raise
+            if raw is None:
+                self._slots.release()
+            else:
+                self._start(raw)
+
+    def stop_taking(self) -> None:
+        """Take no more messages (the one a take in progress brings still starts: a stopping
+        executor hands it straight back)."""
+        self._stopping = True
+
+    async def drained(self) -> None:
+        """Wait for every rollout taken to end."""
+        if self._runs:
+            await asyncio.wait(list(self._runs))
+
+    async def _take(self) -> str | None:
+        try:
+            raw = await self._store.take(TAKE_WAIT_SECONDS)
+        except StoreError as exc:
+            if not self._redis_away:
+                logger.warning("cannot take messages (%s); retrying", type(exc).__name__)
+            self._redis_away = True
+            await asyncio.sleep(RETRY_SECONDS)
+            return None
+        if self._redis_away:
+            logger.info("taking messages again")
+            self._redis_away = False
+        self._turned = time.monotonic()
+        return raw
+
+    def _start(self, raw: str) -> None:
+        try:
+            message = read_taken(raw)
+        except NotARollout as exc:
+            logger.error("dropped a queued message that is not a rollout's: %s", exc)  # noqa: TRY400
+            self._slots.release()
+            return
+        key = RecordKey(message.record)
+        run = self._revoked_run if message.task_id in self._revoked else self._run
+        task = asyncio.create_task(run(key, message))
+        self._runs[task] = key
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        del self._runs[task]
+        self._slots.release()
+
+    async def _run(self, key: RecordKey, message: QueuedMessage) -> None:
+        """One delivery: its task events around the executor's run (this task is the
+        execution's: a cancel, a revoke or a lost lease cancels it)."""
+        events, task_id = self._events, message.task_id
+        events.received(message)
+        events.started(task_id)
+        started = time.monotonic()
+        logs.begin(self._store.keys.record_id(key))  # this task's lines name the rollout
+        try:
+            outcome = await self._executor.execute(key, task_id)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+        except StoreError as exc:
+            # Redis failed before the claim got through: the message goes back to the queue
+            # (a duplicate is harmless: the claim sorts it out).
+            events.failed(task_id, exc)
+            await self._give_back(key, exc)
+            return
+        except Exception as exc:
+            logger.exception("%s: the execution failed", key)
+            events.failed(task_id, exc)
+            return
+        runtime = time.monotonic() - started
+        logger.info("finished (%s) in %.3fs", outcome, runtime)
+        events.succeeded(task_id, outcome, runtime)
+
+    async def _revoked_run(self, key: RecordKey, message: QueuedMessage) -> None:
+        self._events.received(message)
+        self._events.revoked(message.task_id)
+        logger.warning("%s: revoked before it started; cancelling it", key)
+        try:
+            await self._cancel_unstarted(key)
+        except StoreError as exc:
+            await self._give_back(key, exc)
+
+    async def _give_back(self, key: RecordKey, error: StoreError) -> None:
+        try:
+            await self._store.release(key, "", self._requeue_message(key))
+        except StoreError:
+            logger.warning(
+                "%s: taken while Redis failed (%s) and not given back; the lost-message "
+                "check resends it",
+                key,
+                type(error).__name__,
+            )
+        else:
+            logger.warning("%s: Redis failed (%s); message put back", key, type(error).__name__)
+
+
+__all__ = ["RETRY_SECONDS", "SILENCE_SECONDS", "TAKE_WAIT_SECONDS", "Intake"]

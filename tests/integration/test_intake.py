@@ -1,0 +1,69 @@
+"""The worker takes its own messages on its event loop (``rollout_worker/intake.py``, issue 17),
+on a real fleet: Celery's consumer takes none, a worker holds no more messages than it runs,
+a message that is not a rollout's is dropped without stopping the worker, and Flower's
+events show a queued rollout revoked before it ran as revoked."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from celery import Celery
+
+from rollout_core.settings import FleetSettings
+from tests.conftest import v2_fleet
+from tests.harness import V2FleetUnderTest
+from tests.integration.test_task_events import EventChannel
+
+QUEUE: str = FleetSettings.model_fields["queue"].default
+narrow = v2_fleet(gateways=1, workers=1, concurrency=2)
+
+
+def test_a_worker_holds_only_the_messages_it_runs(narrow: V2FleetUnderTest) -> None:
+    """Two slots: two rollouts run, four messages stay queued for other workers — had
+    Celery's consumer kept consuming the queue, it would have taken its own prefetch."""
+    admitted = [narrow.admitted(metadata={"script": [{"sleep": 3}]}) for _ in range(6)]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and narrow.redis.zcard(f"{narrow.prefix}:leases") < 2:
+        time.sleep(0.05)
+    time.sleep(1.0)  # long enough for any other consumer to take messages
+    statuses = [narrow.record(rollout_id)["status"] for rollout_id, _ in admitted]
+    assert sorted(statuses) == ["queued"] * 4 + ["running"] * 2
+    assert narrow.redis.llen(QUEUE) == 4
+    for rollout_id, token in admitted:
+        assert narrow.result(rollout_id, token)["status"] == "success"
+
+
+def test_a_message_that_is_not_a_rollouts_is_dropped_and_the_worker_goes_on(
+    narrow: V2FleetUnderTest,
+) -> None:
+    (worker,) = [p for name, p in narrow.fleet.processes.items() if name.startswith("worker")]
+    pid = worker.pid
+    narrow.redis.rpush(QUEUE, "not json", json.dumps({"headers": {"task": "other"}}))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and narrow.redis.llen(QUEUE):
+        time.sleep(0.05)
+    assert narrow.redis.llen(QUEUE) == 0
+    assert narrow.run()["status"] == "success"
+    assert worker.alive()
+    assert worker.pid == pid
+    assert "dropped a queued message that is not a rollout's" in narrow.logs()
+
+
+def test_a_queued_rollout_revoked_shows_revoked(narrow: V2FleetUnderTest) -> None:
+    with EventChannel(narrow) as channel:
+        busy = [narrow.admitted(metadata={"script": [{"sleep": 2}]}) for _ in range(2)]
+        narrow.wait_status(busy[0][0], {"running"})
+        queued, token = narrow.admitted()
+        task_id = narrow.record(queued)["task"]
+        app = Celery(broker=narrow.fleet.redis_url)
+        try:
+            app.control.revoke(task_id)
+        finally:
+            app.close()
+        assert narrow.result(queued, token)["status"] == "cancelled"
+        for rollout_id, busy_token in busy:
+            assert narrow.result(rollout_id, busy_token)["status"] == "success"
+    kinds = [event["type"] for event in channel.events() if event.get("uuid") == task_id]
+    assert kinds == ["task-received", "task-revoked"]
+    assert narrow.trainer.calls("chat", queued) == []
