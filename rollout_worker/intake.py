@@ -58,6 +58,8 @@ class Intake:
         self._stopping = False
         self._turned = time.monotonic()  # when a take last came back
         self._redis_away = False
+        self._taking = False  # a take is in progress (it may bring a message)
+        self._runner: asyncio.Task[None] | None = None
         self._runs: dict[asyncio.Task[None], RecordKey] = {}
 
     @property
@@ -69,24 +71,38 @@ class Intake:
         """Taking messages, or busy with all its slots."""
         return self._slots.locked() or time.monotonic() - self._turned < SILENCE_SECONDS
 
-    async def run(self) -> None:
-        """Take and start messages until :meth:`stop_taking`."""
-        while not self._stopping:
+    async def start(self) -> None:
+        """Take and start messages, in a task of the loop, until :meth:`stop_taking`."""
+        self._runner = asyncio.create_task(self._take_and_start())
+
+    async def _take_and_start(self) -> None:
+        while True:
             await self._slots.acquire()
+            if self._stopping:  # stopped while it waited for a slot
+                self._slots.release()
+                return
+            self._taking = True
             try:
                 raw = await self._take()
             except BaseException:
                 self._slots.release()
                 raise
+            finally:
+                self._taking = False
             if raw is None:
                 self._slots.release()
             else:
                 self._start(raw)
 
-    def stop_taking(self) -> None:
-        """Take no more messages (the one a take in progress brings still starts: a stopping
-        executor hands it straight back)."""
+    async def stop_taking(self) -> None:
+        """Take no more messages; returns once no take is in progress (the message one
+        brings still starts: a stopping executor hands it straight back)."""
         self._stopping = True
+        if self._runner is None:
+            return
+        if not self._taking:  # waiting for a slot, which may never free: stop waiting
+            self._runner.cancel()
+        await asyncio.wait([self._runner])
 
     async def drained(self) -> None:
         """Wait for every rollout taken to end."""
@@ -161,8 +177,10 @@ class Intake:
             await self._give_back(key, exc)
 
     async def _give_back(self, key: RecordKey, error: StoreError) -> None:
+        """Redis failed under a rollout taken here: put its message back if it still waits
+        (one that started holds a lease, which the sweeper takes back if it lapses)."""
         try:
-            await self._store.release(key, "", self._requeue_message(key))
+            given_back = await self._store.release(key, "", self._requeue_message(key))
         except StoreError:
             logger.warning(
                 "%s: taken while Redis failed (%s) and not given back; the lost-message "
@@ -170,7 +188,8 @@ class Intake:
                 key,
                 type(error).__name__,
             )
-        else:
+            return
+        if given_back:
             logger.warning("%s: Redis failed (%s); message put back", key, type(error).__name__)
 
 

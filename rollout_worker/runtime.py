@@ -38,7 +38,7 @@ from rollout_worker import metrics, v1, v2
 from rollout_worker.chores import Chores, every
 from rollout_worker.deadline import ExitDeadline
 from rollout_worker.execution import Carrier, Executor
-from rollout_worker.intake import Intake
+from rollout_worker.intake import TAKE_WAIT_SECONDS, Intake
 from rollout_worker.loop import LoopThread
 from rollout_worker.sweeper import Sweeper
 from rollout_worker.task_events import OUTBOX
@@ -149,7 +149,6 @@ class WorkerRuntime:
         self._alive_file = Path(settings.worker_alive_file)
         self._stopping = False
         self._winding_down: concurrent.futures.Future[None] | None = None
-        self._intake: concurrent.futures.Future[None] | None = None  # its run on the loop
         self._exit_deadline = ExitDeadline(self._last_words)
         observe_traingate_calls(metrics.observe_traingate_call)
         self._metrics_server = self._serve_metrics(settings.metrics_port, settings.metrics_host)
@@ -198,9 +197,10 @@ class WorkerRuntime:
         self.begin_shutdown()  # a stop without SIGTERM first (Celery's own shutdown)
         assert self._winding_down is not None
         try:
-            self._winding_down.result(self.settings.shutdown_grace_seconds + HAND_BACK_SECONDS)
-        except Exception:  # a timeout, or a wind-down that failed: close all the same
-            logger.exception("stopping: the rollouts did not wind down in time")
+            budget = self.settings.shutdown_grace_seconds + HAND_BACK_SECONDS + TAKE_WAIT_SECONDS
+            self._winding_down.result(budget)
+        except Exception as exc:  # a timeout, or a wind-down that failed: close all the same
+            logger.warning("stopping: the rollouts did not wind down (%r)", exc)
         self._watchdog.stop()
         self._loop.run(self._close(), timeout=CLOSE_SECONDS)
         self._loop.stop()
@@ -222,7 +222,7 @@ class WorkerRuntime:
         """Celery's consumer is running (revokes reach this worker): start taking rollouts,
         and announce this worker now rather than at the next beat."""
         self.ready = True
-        self._intake = self._loop.submit(self._on_loop.intake.run())
+        self._loop.submit(self._on_loop.intake.start())
         self._loop.submit(self._heartbeat())
 
     def begin_shutdown(self) -> None:
@@ -238,7 +238,7 @@ class WorkerRuntime:
 
     async def _wind_down(self, grace: float) -> None:
         intake, executor = self._on_loop.intake, self._on_loop.executor
-        intake.stop_taking()
+        await intake.stop_taking()
         logger.warning(
             "stopping: %d rollouts running; those unfinished in %gs go to other workers",
             len(executor.leases),
@@ -246,9 +246,7 @@ class WorkerRuntime:
         )
         try:
             handed = await executor.hand_back(grace, HAND_BACK_SECONDS)
-            if self._intake is not None:
-                await asyncio.wrap_future(self._intake)  # a take in progress comes back
-            await intake.drained()  # a message taken meanwhile: handed straight back
+            await intake.drained()  # the last take's rollout: handed straight back
         finally:
             # Nothing left to wait for: Celery's shutdown and ours get CLOSE_SECONDS.
             self._exit_deadline.arm(CLOSE_SECONDS)

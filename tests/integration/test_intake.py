@@ -1,7 +1,8 @@
 """The worker takes its own messages on its event loop (``rollout_worker/intake.py``, issue 17),
 on a real fleet: Celery's consumer takes none, a worker holds no more messages than it runs,
 a message that is not a rollout's is dropped without stopping the worker, and Flower's
-events show a queued rollout revoked before it ran as revoked."""
+events show a queued rollout revoked before it ran as revoked; a stopping worker takes
+nothing more, even once the hand-back frees its slots."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import time
 from celery import Celery
 
 from rollout_core.settings import FleetSettings
-from tests.conftest import v2_fleet
-from tests.harness import V2FleetUnderTest
+from tests.conftest import V2_ENV, StartFleet, v2_fleet
+from tests.harness import SCRIPTED_V2_AGENT, V2FleetUnderTest
 from tests.integration.test_task_events import EventChannel
 
 QUEUE: str = FleetSettings.model_fields["queue"].default
@@ -67,3 +68,33 @@ def test_a_queued_rollout_revoked_shows_revoked(narrow: V2FleetUnderTest) -> Non
     kinds = [event["type"] for event in channel.events() if event.get("uuid") == task_id]
     assert kinds == ["task-received", "task-revoked"]
     assert narrow.trainer.calls("chat", queued) == []
+
+
+def test_a_stopping_worker_with_every_slot_busy_takes_nothing_more(
+    start_fleet: StartFleet,
+) -> None:
+    """One slot, busy; SIGTERM with a 1 s grace. The hand-back puts the running rollout back
+    at the queue's front and frees the slot: a worker that went on taking would take that
+    very message, claim it and hand it back a second time."""
+    handle = start_fleet(
+        SCRIPTED_V2_AGENT,
+        handle=V2FleetUnderTest,
+        gateways=1,
+        workers=1,
+        concurrency=1,
+        env={**V2_ENV, "ROLLOUT_FLEET_SHUTDOWN_GRACE_SECONDS": "1"},
+    )
+    assert isinstance(handle, V2FleetUnderTest)
+    try:
+        running, _ = handle.admitted(metadata={"script": [{"sleep": 60}]})
+        queued, _ = handle.admitted()
+        handle.wait_status(running, {"running"})
+        (worker,) = [p for name, p in handle.fleet.processes.items() if name.startswith("worker")]
+        assert worker.stop(grace=30) == 0
+        first = handle.record(running)
+        assert (first["status"], first["handoffs"], first["attempt"]) == ("queued", "1", "0")
+        assert handle.record(queued)["status"] == "queued"
+        assert "handoffs" not in handle.record(queued)
+        assert handle.redis.llen(QUEUE) == 2
+    finally:
+        handle.close()
