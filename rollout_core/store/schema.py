@@ -99,7 +99,7 @@ class RecordField(StrEnum):
     SECRET = "secret"  # the request's API key, sealed (dropped when the rollout finishes)
     RESPONSE = "response"  # v1: the 202 body, replayed to duplicates
     RESULT = "result"  # v1: the completion body; v2: the wire result
-    ADMIT_TOKEN = "admit_token"  # v1: which admission holds the key while it is admitting
+    ADMIT_TOKEN = "admit_token"  # v1: which admission holds (or held) the key
     LEASE_DIGEST = "lease_digest"  # v2: digest of the trainer's polling lease token
     ACCEPTED_AT = "accepted_at"  # times in ms since the epoch, by Redis's clock
     STARTED_AT = "started_at"  # the first claim

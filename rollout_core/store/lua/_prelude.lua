@@ -15,20 +15,35 @@ local function due(index, record, now)
   local at = redis.call('ZSCORE', index, record)
   return at ~= false and tonumber(at) <= (now or now_ms())
 end
--- Make a record terminal: result stored, secret and lease dropped, retention TTL started.
--- FIELD.terminations counts the calls: anything but 1 is a bug (the chaos suite checks it).
-local function terminate(record, status, result, ttl_ms)
+-- Whether a record is a v2 rollout's (only those have a polling lease and a v2-ids entry).
+local function is_v2(record)
+  return string.sub(record, 1, string.len(V2_RECORDS)) == V2_RECORDS
+end
+-- Make a record terminal in one write: status, result (unless ''), the caller's `fields`
+-- (field, value, ...); secret and lease dropped, retention TTL started.
+-- FIELD.terminations counts the calls: anything but 1 is a bug (the chaos suite checks it). A
+-- caller that read the record already passes the count it found (`terminations`, 0 if none).
+local function terminate(record, status, result, ttl_ms, fields, terminations)
   local now = now_ms()
-  if result ~= '' then
-    redis.call('HSET', record, FIELD.status, status, FIELD.finished_at, now, FIELD.result, result)
-  else
-    redis.call('HSET', record, FIELD.status, status, FIELD.finished_at, now)
+  terminations = terminations or tonumber(redis.call('HGET', record, FIELD.terminations) or 0)
+  local writes = {}
+  for _, item in ipairs(fields or {}) do
+    writes[#writes + 1] = item
   end
-  redis.call('HINCRBY', record, FIELD.terminations, 1)
+  for _, item in ipairs({FIELD.status, status, FIELD.finished_at, now,
+                         FIELD.terminations, terminations + 1}) do
+    writes[#writes + 1] = item
+  end
+  if result ~= '' then
+    writes[#writes + 1], writes[#writes + 2] = FIELD.result, result
+  end
+  redis.call('HSET', record, unpack(writes))
   redis.call('HDEL', record, FIELD.secret, FIELD.execution)
   redis.call('ZREM', LEASES, record)
   redis.call('ZREM', ACTIVE, record)
-  redis.call('ZREM', POLLS, record)
+  if is_v2(record) then
+    redis.call('ZREM', POLLS, record)
+  end
   redis.call('ZADD', FINISHED, now + tonumber(ttl_ms), record)
   redis.call('PEXPIRE', record, ttl_ms)
   publish_change(record, status)

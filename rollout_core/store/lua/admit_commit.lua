@@ -4,8 +4,8 @@
 if redis.call('HGET', KEYS[1], FIELD.admit_token) ~= ARGV[1] then
   return 0
 end
+-- The token stays in the record: it is no secret, and no later step reads it.
 local now = now_ms()
-redis.call('HDEL', KEYS[1], FIELD.admit_token)
 redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued, FIELD.accepted_at, now,
            FIELD.attempt, 0, unpack(ARGV, 4))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])

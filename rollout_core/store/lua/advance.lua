@@ -7,7 +7,8 @@
 --       none), field, value, ...
 -- -> ADVANCE.moved | ADVANCE.cancelled (the cancelled result was stored instead)
 --    | ADVANCE.lost (this execution no longer holds the rollout: its result is discarded)
-local fields = redis.call('HMGET', KEYS[1], FIELD.execution, FIELD.status, FIELD.cancel_requested)
+local fields = redis.call('HMGET', KEYS[1], FIELD.execution, FIELD.status, FIELD.cancel_requested,
+                          FIELD.terminations)
 if fields[1] ~= ARGV[1] or not HELD[fields[2]] then
   return ADVANCE.lost
 end
@@ -19,10 +20,7 @@ if fields[3] and ARGV[5] ~= '' and (status == STATUS.success or status == STATUS
   end
 end
 if TERMINAL[status] then
-  if #ARGV > 5 then
-    redis.call('HSET', KEYS[1], unpack(ARGV, 6))
-  end
-  terminate(KEYS[1], status, result, ARGV[4])
+  terminate(KEYS[1], status, result, ARGV[4], {unpack(ARGV, 6)}, tonumber(fields[4] or 0))
   return outcome
 end
 -- One write: the status, the result if any, the caller's fields.

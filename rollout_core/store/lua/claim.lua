@@ -9,17 +9,20 @@
 --             VERDICT.cancelled (cancel was requested), VERDICT.exhausted (too many attempts:
 --             fail it), VERDICT.abandoned (a worker gave it up, its reason in the record)
 local now = now_ms()
-local fields = redis.call('HMGET', KEYS[1], FIELD.status, FIELD.accepted_at,
-                          FIELD.cancel_requested, FIELD.abandon_reason, FIELD.execution,
-                          FIELD.attempt, FIELD.started_at)
-local status = fields[1]
+-- One read of the whole record: the checks below, and the reply (the worker runs from it).
+local pairs_read = redis.call('HGETALL', KEYS[1])
+local record = {}
+for i = 1, #pairs_read, 2 do
+  record[pairs_read[i]] = pairs_read[i + 1]
+end
+local status = record[FIELD.status]
 if not status or status == STATUS.admitting then
   return {VERDICT.missing}
 end
 if TERMINAL[status] then
   return {VERDICT.done}
 end
-local repeated = fields[5] == ARGV[1] and HELD[status]
+local repeated = record[FIELD.execution] == ARGV[1] and HELD[status]
 if status ~= STATUS.queued and not repeated then
   local expiry = redis.call('ZSCORE', LEASES, KEYS[1])
   if expiry and tonumber(expiry) > now then
@@ -30,12 +33,15 @@ local phase = STATUS.running
 if status == STATUS.delivering then
   phase = STATUS.delivering
 end
-local attempt = tonumber(fields[6] or 0)
+local attempt = tonumber(record[FIELD.attempt] or 0)
+local reply = {}
 if not repeated then
   attempt = attempt + 1
-  redis.call('HSET', KEYS[1], FIELD.status, phase, FIELD.execution, ARGV[1], FIELD.worker, ARGV[2],
-             FIELD.claimed_at, now, FIELD.task, ARGV[5], FIELD.attempt, attempt,
-             FIELD.started_at, fields[7] or now)
+  -- The reply lists these after the fields read: a reader of the pairs keeps the last value.
+  reply = {FIELD.status, phase, FIELD.execution, ARGV[1], FIELD.worker, ARGV[2],
+           FIELD.claimed_at, now, FIELD.task, ARGV[5], FIELD.attempt, attempt,
+           FIELD.started_at, record[FIELD.started_at] or now}
+  redis.call('HSET', KEYS[1], unpack(reply))
   redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
   if status ~= phase then
     publish_change(KEYS[1], phase)
@@ -46,11 +52,17 @@ end
 local verdict = VERDICT.running
 if phase == STATUS.delivering then
   verdict = VERDICT.delivering
-elseif fields[3] then
+elseif record[FIELD.cancel_requested] then
   verdict = VERDICT.cancelled
-elseif fields[4] then
+elseif record[FIELD.abandon_reason] then
   verdict = VERDICT.abandoned
 elseif attempt > tonumber(ARGV[4]) then
   verdict = VERDICT.exhausted
 end
-return {verdict, attempt, now - tonumber(fields[2] or now), unpack(redis.call('HGETALL', KEYS[1]))}
+local answer = {verdict, attempt, now - tonumber(record[FIELD.accepted_at] or now)}
+for _, items in ipairs({pairs_read, reply}) do
+  for _, item in ipairs(items) do
+    answer[#answer + 1] = tostring(item)
+  end
+end
+return answer
