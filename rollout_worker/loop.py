@@ -1,9 +1,10 @@
 """One long-lived asyncio event loop per worker process, running in a daemon thread.
 
-Celery's ``threads`` pool calls tasks on its own threads; each task hands its coroutine to
-this loop and blocks on the result. All rollouts of the process share the loop and with it
-one HTTP connection pool and one Redis pool (celery-notes §1.2: half the memory and twice
-the speed of a loop per task). The loop is uvloop's: its I/O and scheduling run in C.
+Celery's worker keeps the main thread (revokes, heartbeats, task events); everything a
+rollout does runs on this loop: the intake takes messages and runs them here
+(``intake.py``). All rollouts of the process share the loop and with it one HTTP connection
+pool and one Redis pool (celery-notes §1.2: half the memory and twice the speed of a loop
+per task). The loop is uvloop's: its I/O and scheduling run in C.
 """
 
 from __future__ import annotations

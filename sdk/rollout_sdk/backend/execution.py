@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollout_sdk.agent_workflow import AgentWorkflow
+from rollout_sdk.backend.artifacts import artifacts_dir
 from rollout_sdk.backend.errors import categorize_exception
 from rollout_sdk.context import AgentWorkflowContext, GraderContext, RolloutContext
 from rollout_sdk.grader import Grader
@@ -33,7 +33,6 @@ from rollout_sdk.types.sample import (
 
 logger = logging.getLogger(__name__)
 
-ARTIFACT_ROOT_ENV = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
 UNGRADABLE_MESSAGE = (
     "grading was requested but the rollout cannot be graded: {reason} "
     "(send grade=false to skip grading)"
@@ -86,18 +85,6 @@ def _failure(
 def _overran(deadline: asyncio.Timeout, started: float, budget: float | None) -> bool:
     """Returned after the budget (swallowed cancellation, or blocked the loop): a timeout."""
     return budget is not None and (deadline.expired() or time.monotonic() - started > budget)
-
-
-async def artifacts_dir(rollout_id: str) -> Path | None:
-    """``<artifact root>/<rollout_id>/artifacts/``, or ``None`` when it cannot be made."""
-    root = Path(os.environ.get(ARTIFACT_ROOT_ENV) or Path.home() / ".osmosis")
-    path = root / rollout_id / "artifacts"
-    try:
-        await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
-    except OSError:
-        logger.warning("cannot create the artifacts directory %s", path)
-        return None
-    return path
 
 
 async def _samples_of(
