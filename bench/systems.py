@@ -21,6 +21,7 @@ from rollout_core.store import Keys
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_fleet.redis_server import RedisServer
+from rollout_sdk.backend.artifacts import ARTIFACT_ROOT_ENV
 
 BIN = Path(sys.executable).parent
 LOG_DIR = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
@@ -63,6 +64,14 @@ def _env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
+def _artifact_root() -> Iterator[dict[str, str]]:
+    """Each rollout's artifacts directory (S§2.14) is made as users get it, under a root of
+    the system's own (on the same disk as ``~/.osmosis`` here), removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="rollout-bench-artifacts-") as root:
+        yield {ARTIFACT_ROOT_ENV: root}
+
+
+@contextlib.contextmanager
 def traingate(latency: float, responder: str = "calculator") -> Iterator[str]:
     """The mock TrainGate in a process of its own (calls not recorded: it keeps up)."""
     port = free_port()
@@ -89,27 +98,28 @@ def fleet(
     agent: str, workers: int, concurrency: int, env: dict[str, str] | None = None
 ) -> Iterator[System]:
     """Redis, one gateway process and ``workers`` worker processes."""
-    redis = RedisServer().start()
-    local = LocalFleet(
-        agent=agent,
-        redis_url=redis.url,
-        workers=workers,
-        concurrency=concurrency,
-        env={**QUIET, **(env or {})},
-        log_dir=LOG_DIR / f"fleet-{redis.port}",
-    )
-    try:
-        local.start(timeout=120)
-        roles = {
-            "gateway": [p.pid for n, p in local.processes.items() if n.startswith("gateway")],
-            "workers": [p.pid for n, p in local.processes.items() if n.startswith("worker")],
-            "redis": [redis.process.pid] if redis.process else [],
-        }
-        leases = Keys(local.key_prefix).leases
-        yield System(f"fleet-{workers}w", local.gateway_url, roles, redis.url, leases)
-    finally:
-        local.stop()
-        redis.stop()
+    with _artifact_root() as artifacts:
+        redis = RedisServer().start()
+        local = LocalFleet(
+            agent=agent,
+            redis_url=redis.url,
+            workers=workers,
+            concurrency=concurrency,
+            env={**QUIET, **artifacts, **(env or {})},
+            log_dir=LOG_DIR / f"fleet-{redis.port}",
+        )
+        try:
+            local.start(timeout=120)
+            roles = {
+                "gateway": [p.pid for n, p in local.processes.items() if n.startswith("gateway")],
+                "workers": [p.pid for n, p in local.processes.items() if n.startswith("worker")],
+                "redis": [redis.process.pid] if redis.process else [],
+            }
+            leases = Keys(local.key_prefix).leases
+            yield System(f"fleet-{workers}w", local.gateway_url, roles, redis.url, leases)
+        finally:
+            local.stop()
+            redis.stop()
 
 
 @contextlib.contextmanager
@@ -153,10 +163,11 @@ def baseline(agent: str, protocol: str, env: dict[str, str] | None = None) -> It
         ]
     else:
         argv = [sys.executable, "-m", "bench.baseline_v2", agent, str(port)]
-    process = _serve("baseline", argv, port, {**_env(), **(env or {})})
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, 30, "baseline health")
-        yield System("baseline", url, {"baseline": [process.pid]})
-    finally:
-        process.stop()
+    with _artifact_root() as artifacts:
+        process = _serve("baseline", argv, port, {**_env(), **artifacts, **(env or {})})
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, 30, "baseline health")
+            yield System("baseline", url, {"baseline": [process.pid]})
+        finally:
+            process.stop()

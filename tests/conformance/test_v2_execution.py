@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import v2_fleet
@@ -42,6 +43,16 @@ def test_102_and_124_happy_path_with_a_plain_http_workflow(fleet: V2FleetUnderTe
     # 124: the scripted workflow calls the TrainGate with plain, non-streaming JSON.
     (call,) = fleet.trainer.calls("chat", final["rollout_id"])
     assert "stream" not in call["body"]
+
+
+def test_each_rollout_gets_its_artifacts_directory_on_the_worker(
+    fleet: V2FleetUnderTest, artifact_root: Path
+) -> None:
+    """S§2.14: the worker running a rollout makes ``<root>/<rollout_id>/artifacts/`` (the
+    session's root here: the fleet's processes inherit it from the test session)."""
+    final = run(fleet)
+    assert final["status"] == "success"
+    assert (artifact_root / final["rollout_id"] / "artifacts").is_dir()
 
 
 def test_103_grade_false_skips_the_grader(fleet: V2FleetUnderTest) -> None:
