@@ -6,8 +6,10 @@ whose CPU and memory count as "the server" for a point.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -25,6 +27,8 @@ from rollout_sdk.backend.artifacts import ARTIFACT_ROOT_ENV
 
 BIN = Path(sys.executable).parent
 LOG_DIR = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+_ARTIFACTS = tempfile.mkdtemp(prefix="rollout-bench-artifacts-")
+atexit.register(shutil.rmtree, _ARTIFACTS, ignore_errors=True)
 # The fleet's gateway and workers log at warning in the bench, like the baseline's server:
 # both sides pay for the same (no) logging.
 QUIET = {"ROLLOUT_FLEET_LOG_LEVEL": "warning"}
@@ -63,12 +67,12 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(Path.cwd())}
 
 
-@contextlib.contextmanager
-def _artifact_root() -> Iterator[dict[str, str]]:
+def _artifact_root() -> dict[str, str]:
     """Each rollout's artifacts directory (S§2.14) is made as users get it, under a root of
-    the system's own (on the same disk as ``~/.osmosis`` here), removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="rollout-bench-artifacts-") as root:
-        yield {ARTIFACT_ROOT_ENV: root}
+    the system's own on the same disk as ``~/.osmosis``; the roots go when the bench exits
+    (deleting thousands of directories is filesystem work no system's figures should carry).
+    """
+    return {ARTIFACT_ROOT_ENV: tempfile.mkdtemp(prefix="system-", dir=_ARTIFACTS)}
 
 
 @contextlib.contextmanager
@@ -98,28 +102,28 @@ def fleet(
     agent: str, workers: int, concurrency: int, env: dict[str, str] | None = None
 ) -> Iterator[System]:
     """Redis, one gateway process and ``workers`` worker processes."""
-    with _artifact_root() as artifacts:
-        redis = RedisServer().start()
-        local = LocalFleet(
-            agent=agent,
-            redis_url=redis.url,
-            workers=workers,
-            concurrency=concurrency,
-            env={**QUIET, **artifacts, **(env or {})},
-            log_dir=LOG_DIR / f"fleet-{redis.port}",
-        )
-        try:
-            local.start(timeout=120)
-            roles = {
-                "gateway": [p.pid for n, p in local.processes.items() if n.startswith("gateway")],
-                "workers": [p.pid for n, p in local.processes.items() if n.startswith("worker")],
-                "redis": [redis.process.pid] if redis.process else [],
-            }
-            leases = Keys(local.key_prefix).leases
-            yield System(f"fleet-{workers}w", local.gateway_url, roles, redis.url, leases)
-        finally:
-            local.stop()
-            redis.stop()
+    artifacts = _artifact_root()
+    redis = RedisServer().start()
+    local = LocalFleet(
+        agent=agent,
+        redis_url=redis.url,
+        workers=workers,
+        concurrency=concurrency,
+        env={**QUIET, **artifacts, **(env or {})},
+        log_dir=LOG_DIR / f"fleet-{redis.port}",
+    )
+    try:
+        local.start(timeout=120)
+        roles = {
+            "gateway": [p.pid for n, p in local.processes.items() if n.startswith("gateway")],
+            "workers": [p.pid for n, p in local.processes.items() if n.startswith("worker")],
+            "redis": [redis.process.pid] if redis.process else [],
+        }
+        leases = Keys(local.key_prefix).leases
+        yield System(f"fleet-{workers}w", local.gateway_url, roles, redis.url, leases)
+    finally:
+        local.stop()
+        redis.stop()
 
 
 @contextlib.contextmanager
@@ -163,11 +167,11 @@ def baseline(agent: str, protocol: str, env: dict[str, str] | None = None) -> It
         ]
     else:
         argv = [sys.executable, "-m", "bench.baseline_v2", agent, str(port)]
-    with _artifact_root() as artifacts:
-        process = _serve("baseline", argv, port, {**_env(), **artifacts, **(env or {})})
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, 30, "baseline health")
-            yield System("baseline", url, {"baseline": [process.pid]})
-        finally:
-            process.stop()
+    artifacts = _artifact_root()
+    process = _serve("baseline", argv, port, {**_env(), **artifacts, **(env or {})})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, 30, "baseline health")
+        yield System("baseline", url, {"baseline": [process.pid]})
+    finally:
+        process.stop()
