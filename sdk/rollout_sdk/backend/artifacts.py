@@ -4,9 +4,9 @@ Every rollout gets one, so making it is on every rollout's path. On a local file
 ``mkdir`` is a few tens of microseconds of kernel work that never waits on a network: it is
 made on the event loop. Handing it to a thread instead costs twice the ``mkdir`` itself
 (the hand-over, then the GIL passed back and forth at each system call: PERFORMANCE.md,
-"the artifacts directory"). A root on a network filesystem (NFS, SMB, FUSE, ...: a root
-shared by a fleet) can make a ``mkdir`` wait on a server, so there it goes to a thread;
-so does any filesystem this module cannot name.
+"The artifacts directory without a thread"). A root on a network filesystem (NFS, SMB,
+FUSE, ...: a root shared by a fleet) can make a ``mkdir`` wait on a server, so there it goes
+to a thread; so does any filesystem this module cannot name.
 """
 
 from __future__ import annotations
