@@ -85,6 +85,20 @@ async def test_admission_is_atomic_and_replays(store: RecordStore, redis: Redis)
     assert (counts.active, counts.running, counts.finished) == (1, 0, 0)
 
 
+async def test_a_commit_run_again_changes_nothing(store: RecordStore, redis: Redis) -> None:
+    """A v1 commit whose reply was lost and which the client runs again (the admission token
+    stays in a committed record) enqueues nothing more and leaves the rollout as it is; nor
+    can the admission that committed it abort it afterwards."""
+    key = await admitted(store)
+    claim = await store.claim(key, "ex-1", "w", 10, 3)
+    assert claim.verdict is Verdict.RUNNING
+    assert not await store.admit_commit(key, "tok", 60, "MSG-AGAIN", PROTOCOL)
+    await store.admit_abort(key, "tok")
+    assert await redis.lrange("q", 0, -1) == ["MSG"]
+    record = await store.load(key)
+    assert (record.status, record.attempt) == (Status.RUNNING, 1)
+
+
 async def test_abort_forgets_only_its_own_admission(store: RecordStore, redis: Redis) -> None:
     key = store.keys.record("v1", "r1")
     await store.admit_begin(key, "a", 5)

@@ -1,10 +1,13 @@
 -- Finish a v1 admission: record queued + task message enqueued, in one step.
 -- KEYS: record, queue   ARGV: admit_token, ttl_ms, message, field, value, ...
--- -> 1, or 0 if this admission lost its claim (its pending TTL ran out)
-if redis.call('HGET', KEYS[1], FIELD.admit_token) ~= ARGV[1] then
+-- -> 1, or 0 if this admission lost its claim (its pending TTL ran out) or committed already
+--    (a retry after the first reply was lost: the caller replays the stored response)
+-- The token stays in the record once committed (it is no secret); the status tells a
+-- commit that already happened.
+local held = redis.call('HMGET', KEYS[1], FIELD.admit_token, FIELD.status)
+if held[1] ~= ARGV[1] or held[2] ~= STATUS.admitting then
   return 0
 end
--- The token stays in the record: it is no secret, and no later step reads it.
 local now = now_ms()
 redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued, FIELD.accepted_at, now,
            FIELD.attempt, 0, unpack(ARGV, 4))
