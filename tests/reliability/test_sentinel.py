@@ -121,6 +121,7 @@ def test_a_store_call_across_a_failover_reaches_the_new_primary(
         try:
             key = store.keys.record("v1", "failover")
             assert (await store.admit_begin(key, "tok", 60)).start is AdmitStart.LEAD
+            _until_replicated(replica, key)  # else the new primary rightly knows nothing of it
             primary.process.kill()  # type: ignore[union-attr]
             again = await store.admit_begin(key, "tok", 60)  # the call in flight
             return replica.port, again.start is AdmitStart.WAIT
@@ -130,3 +131,17 @@ def test_a_store_call_across_a_failover_reaches_the_new_primary(
     new_primary, found_its_record = asyncio.run(across_a_failover())
     assert sentinels.primary() == new_primary
     assert found_its_record
+
+
+def _until_replicated(replica: RedisServer, key: str) -> None:
+    """Replication is asynchronous: a key written just before the primary dies may never reach
+    the replica (CI saw it once). The test is about where the call goes, not about that loss
+    (``ROLLOUT_FLEET_ADMISSION_REPLICAS`` covers it), so it waits for the copy first."""
+    link = redis.Redis(port=replica.port)
+    try:
+        deadline = time.monotonic() + 10
+        while not link.exists(key):
+            assert time.monotonic() < deadline, "the key never reached the replica"
+            time.sleep(0.01)
+    finally:
+        link.close()
