@@ -19,6 +19,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rollout_sdk.config import get_settings
 
+# A Redis command that has not answered within this long is given up (and retried on a new
+# connection) by the record store; a WAIT for replicas must end well before it.
+REDIS_COMMAND_TIMEOUT_SECONDS = 3.0
+
 
 class FleetSettings(BaseSettings):
     # env_ignore_empty: `ROLLOUT_FLEET_API_KEY=` in a compose .env means "unset", not "".
@@ -77,8 +81,10 @@ class FleetSettings(BaseSettings):
     admission_replica_timeout_seconds: float = Field(
         1.0,
         gt=0,
+        le=REDIS_COMMAND_TIMEOUT_SECONDS - 1,
         description="How long an admission (or a result) waits for admission_replicas; past it "
-        "the trainer gets 503 and retries.",
+        f"the trainer gets 503 and retries. At most {REDIS_COMMAND_TIMEOUT_SECONDS - 1:g} s: a "
+        f"Redis command is given up after {REDIS_COMMAND_TIMEOUT_SECONDS:g} s.",
     )
     key_prefix: str = Field(
         "rf", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of every Redis key we own."

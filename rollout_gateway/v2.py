@@ -150,9 +150,12 @@ class FleetRollouts(RolloutService):
             raise UnknownRollout
         if not lease_matches(lease_token, record.lease_digest):
             raise InvalidLease
+        if record.finished:  # a result told is one a failover keeps
+            record = await self.gateway.store.held(key, record)
         if record.finished and record.result is not None:
-            await self.gateway.store.confirm(key)  # a result told is one a failover keeps
             return StoredResult(record.result)
+        if record.status is None:
+            raise UnknownRollout
         return RolloutResultResponse(rollout_id=rollout_id, status=RolloutStatus(record.status))
 
     async def cancel(self, request: CancelRolloutsRequest) -> dict[str, CancelDisposition]:

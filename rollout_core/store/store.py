@@ -12,24 +12,24 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from importlib import resources
-from typing import Any, cast
+from typing import Any, Self, cast
 from urllib.parse import urlsplit
 
 from redis import Redis as SyncRedis
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.client import PubSub
+from redis.asyncio.client import Pipeline, PubSub
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_delivery
-from rollout_core.settings import FleetSettings
+from rollout_core.settings import REDIS_COMMAND_TIMEOUT_SECONDS, FleetSettings
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.replies import (
     Claim,
@@ -68,12 +68,13 @@ StoreFull = OutOfMemoryError
 
 POOL_WAIT_SECONDS = 10.0
 # One call against a Redis that does not answer gives up within RETRY_BUDGET_SECONDS: each try
-# waits at most COMMAND_TIMEOUT_SECONDS (a blackholed Redis: three tries), and a refused or
+# waits at most REDIS_COMMAND_TIMEOUT_SECONDS (a blackholed Redis: three tries), and a refused or
 # cut connection is retried, 0.1 s doubling to 2 s, until the budget is spent (a restarting
 # Redis costs a pause, not a failed rollout). Every script tolerates running twice when its
 # first reply was lost (a repeat finds the change made and says so).
 RETRY_BUDGET_SECONDS = 10.0
-COMMAND_TIMEOUT_SECONDS = 3.0
+# What a trainer may be told of a record (``RecordStore.held``).
+_HELD = (RecordField.STATUS, RecordField.RESPONSE, RecordField.RESULT, RecordField.LEASE_DIGEST)
 
 
 class BudgetedRetry(Retry):
@@ -102,7 +103,7 @@ class BudgetedRetry(Retry):
         return await super().call_with_retry(do, failed, *args, **kwargs)
 
 
-RECONNECT = BudgetedRetry(RETRY_BUDGET_SECONDS, COMMAND_TIMEOUT_SECONDS)
+RECONNECT = BudgetedRetry(RETRY_BUDGET_SECONDS, REDIS_COMMAND_TIMEOUT_SECONDS)
 SCAN_LIMIT = 20_000  # a listing reads at most this many unfinished and finished records
 # Fields a listing reads: everything but the request and the (possibly large) result.
 SUMMARY_FIELDS = (
@@ -175,7 +176,7 @@ def _client(
     ``sentinel://`` URL (kombu's form, one per sentinel, ``;``-separated) reaches the primary
     the sentinels name ``sentinel_master``, and follows it when it fails over."""
     options: dict[str, Any] = {
-        "socket_connect_timeout": COMMAND_TIMEOUT_SECONDS,
+        "socket_connect_timeout": REDIS_COMMAND_TIMEOUT_SECONDS,
         "decode_responses": True,
         "retry": RECONNECT,
         "retry_on_error": [RedisConnectionError, RedisTimeoutError],
@@ -183,14 +184,14 @@ def _client(
     if listening:
         options |= {"health_check_interval": 10, "socket_keepalive": True}
     else:
-        options |= {"socket_timeout": COMMAND_TIMEOUT_SECONDS}
+        options |= {"socket_timeout": REDIS_COMMAND_TIMEOUT_SECONDS}
     if is_sentinel_url(url):
         parts = [urlsplit(part) for part in url.split(";") if part]
         nodes = [(part.hostname or "127.0.0.1", part.port or 26379) for part in parts]
         database = int(parts[0].path.strip("/") or 0)
         sentinels = Sentinel(  # type: ignore[no-untyped-call]
             nodes,
-            sentinel_kwargs={"socket_timeout": COMMAND_TIMEOUT_SECONDS},
+            sentinel_kwargs={"socket_timeout": REDIS_COMMAND_TIMEOUT_SECONDS},
             password=parts[0].password,
             db=database,
             **options,
@@ -257,7 +258,7 @@ class RecordStore:
         self._replica_timeout = replica_timeout_seconds
 
     @classmethod
-    def connect(cls, settings: FleetSettings, max_connections: int | None = None) -> RecordStore:
+    def connect(cls, settings: FleetSettings, max_connections: int | None = None) -> Self:
         """The store of the fleet ``settings`` describe, with its own connection pool."""
         pool_size = max_connections or settings.redis_max_connections
         dsn, master = settings.redis_dsn, settings.sentinel_master
@@ -280,29 +281,54 @@ class RecordStore:
     async def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[script](keys=list(keys), args=list(args))
 
+    async def _pipelined(self, fill: Callable[[Pipeline], Awaitable[None]]) -> list[Any]:
+        """The commands ``fill`` queues, sent in one round trip. redis-py loads a pipeline's
+        scripts on the server before sending it, but its retry after a broken connection —
+        on the new primary, across a failover — resends them unchecked, and a server that
+        lacks one (Redis 7 does not replicate ``SCRIPT LOAD``) answers ``NoScriptError``: the
+        pipeline goes once more, its scripts loaded there. Every script tolerates a rerun."""
+        for last in (False, True):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                await fill(pipe)
+                try:
+                    return await pipe.execute()
+                except NoScriptError:
+                    if last:
+                        raise
+        raise AssertionError("unreachable")
+
     async def _replicated(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """An admission script, then (when configured) ``WAIT`` on the same connection until
         ``admission_replicas`` replicas hold its writes: a rollout acknowledged to its trainer
         survives a failover to a replica."""
         if not self._replicas:
             return await self._run(script, keys, args)
-        async with self._redis.pipeline(transaction=False) as pipe:
+
+        async def fill(pipe: Pipeline) -> None:
             await self._scripts[script](keys=list(keys), args=list(args), client=pipe)
             pipe.execute_command("WAIT", self._replicas, _ms(self._replica_timeout))
-            reply, acknowledged = await pipe.execute()
+
+        reply, acknowledged = await self._pipelined(fill)
         if int(acknowledged) < self._replicas:
             raise NotReplicated(
-                f"{acknowledged} of {self._replicas} replicas acknowledged the admission "
+                f"{acknowledged} of {self._replicas} replicas acknowledged the write "
                 f"within {self._replica_timeout:g}s (ROLLOUT_FLEET_ADMISSION_REPLICAS)"
             )
         return reply
 
-    async def confirm(self, key: RecordKey) -> None:
-        """With ``admission_replicas``, wait until that many replicas hold the record as it is
-        (else ``NotReplicated``): what a trainer is told of it — a replayed admission, a final
-        result — then survives a failover. Nothing to do without."""
-        if self._replicas:
-            await self._replicated("confirm", [key], [])
+    async def held(self, key: RecordKey, read: RolloutRecord) -> RolloutRecord:
+        """What a trainer may be told of a record it was ``read`` from (a replayed admission,
+        a final result): with ``admission_replicas``, the record's status, response, result
+        and lease digest read again in a call that waits until that many replicas hold them
+        (else ``NotReplicated``), so what is told survives a failover; ``read`` as it is
+        without. A failover since ``read`` shows here: the reply is the new primary's record
+        (empty if it has none), never ``read`` confirmed by the new primary's replicas."""
+        if not self._replicas:
+            return read
+        values = await self._replicated("confirm", [key], _HELD)
+        return RolloutRecord.parse(
+            {name: value for name, value in zip(_HELD, values, strict=False) if value is not None}
+        )
 
     async def ping(self) -> None:
         await self._redis.ping()
@@ -332,13 +358,17 @@ class RecordStore:
 
     async def admit_begin(self, key: RecordKey, token: str, pending_seconds: float) -> V1Admission:
         """Claim the key, or learn what is known of it. A replay (the record is there: the
-        trainer retried) is confirmed by the replicas first, as the admission itself was:
-        the first answer may have been a 503 whose record never reached them."""
+        trainer retried) is what the replicas hold, as the admission itself was: the first
+        answer may have been a 503 whose record never reached them. If they hold no admitted
+        record (a failover lost it since the read), the caller is told to wait and begin
+        again: on the new primary, the key is then claimed afresh."""
         reply = await self._run("admit_begin", [key], [token, _ms(pending_seconds)])
-        admission = V1Admission(AdmitStart(reply[0]), reply[1] if len(reply) > 1 else None)
-        if admission.start is AdmitStart.REPLAY:
-            await self.confirm(key)
-        return admission
+        if (start := AdmitStart(reply[0])) is not AdmitStart.REPLAY:
+            return V1Admission(start)
+        held = await self.held(key, RolloutRecord(status=Status(reply[2]), response=reply[1]))
+        if held.admitted and held.response is not None:
+            return V1Admission(AdmitStart.REPLAY, held.response)
+        return V1Admission(AdmitStart.WAIT)
 
     async def admit_commit(
         self,
@@ -398,8 +428,14 @@ class RecordStore:
         reply = await self._run("poll", [key], [*args, lease_expired_result])
         outcome = PollOutcome(reply[0])
         if outcome is PollOutcome.FINAL:
-            await self.confirm(key)
-            return PollReply(outcome, result=reply[1])
+            # The final result as the replicas hold it; after a failover, the new primary's
+            # record (unfinished there: its status is the answer; gone: unknown).
+            held = await self.held(key, RolloutRecord(status=Status(reply[2]), result=reply[1]))
+            if held.finished and held.result is not None:
+                return PollReply(outcome, result=held.result)
+            if held.status is not None:
+                return PollReply(PollOutcome.STATUS, status=held.status)
+            return PollReply(PollOutcome.UNKNOWN)
         if outcome is PollOutcome.STATUS:
             return PollReply(outcome, status=Status(reply[1]))
         return PollReply(outcome)
@@ -420,11 +456,13 @@ class RecordStore:
     ) -> dict[RecordKey, CancelOutcome]:
         """Cancel each rollout (pipelined). Its value is the result a queued rollout finishes
         with at once (v2), or ``""``: the worker that claims it reports the cancellation."""
-        async with self._redis.pipeline(transaction=False) as pipe:
+
+        async def fill(pipe: Pipeline) -> None:
             for key, result in cancelled_results.items():
                 args: list[int | str] = [_ms(retention_seconds), result]
                 await self._scripts["cancel"](keys=[key], args=args, client=pipe)
-            outcomes = await pipe.execute()
+
+        outcomes = await self._pipelined(fill)
         return {
             key: CancelOutcome(outcome)
             for key, outcome in zip(cancelled_results, outcomes, strict=True)
@@ -841,11 +879,13 @@ class RecordStore:
     ) -> int:
         """Finish each overdue rollout with its lease-expired result (pipelined), unless a
         poll came since; how many were expired."""
-        async with self._redis.pipeline(transaction=False) as pipe:
+
+        async def fill(pipe: Pipeline) -> None:
             for key, result in lease_expired_results.items():
                 args: list[int | str] = [result, _ms(retention_seconds)]
                 await self._scripts["expire_poll"](keys=[key], args=args, client=pipe)
-            expired = await pipe.execute()
+
+        expired = await self._pipelined(fill)
         return sum(map(int, expired))
 
     async def prune(self, inflight_ttl_seconds: float, batch: int = 1000) -> None:

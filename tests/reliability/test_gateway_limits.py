@@ -22,14 +22,18 @@ from tests.harness import SCRIPTED_V2_AGENT, V2FleetUnderTest, new_id, script
     [
         ("RESULT_WAIT_TIMEOUT_SECONDS", "120", "polling_lease_timeout_seconds"),
         ("RESULT_RETENTION_SECONDS", "0", "greater than 0"),
+        ("ADMISSION_REPLICA_TIMEOUT_SECONDS", "5", "less than or equal to 2"),
     ],
 )
 @pytest.mark.parametrize("command", ["gateway", "worker"])
 def test_f12_a_setting_that_breaks_the_fleet_refuses_to_start(
     redis_server: RedisServer, command: str, setting: str, value: str, says: str
 ) -> None:
-    """Before: ``result_wait_timeout`` ≥ the polling lease answered every admission 500 and
-    ``result_retention`` 0 deleted every result; both started without a word."""
+    """Before: ``result_wait_timeout`` ≥ the polling lease answered every admission 500,
+    ``result_retention`` 0 deleted every result, and a replica wait past a Redis command's
+    3 s time limit turned each wait that ran out into a broken connection, retried until the
+    store's budget was spent (a 503 after ≈ 10 s, not after the wait); all started without a
+    word."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
     env |= {
         "REDIS_URL": f"redis://:planted-pw@127.0.0.1:{redis_server.port}/950",

@@ -6,18 +6,30 @@ admits rollouts. Every process follows the new primary, and with
 from __future__ import annotations
 
 import asyncio
+import functools
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
 
 from rollout_core.settings import FleetSettings
-from rollout_core.store import AdmitStart, RecordStore
+from rollout_core.store import (
+    AdmitOutcome,
+    AdmitStart,
+    PollOutcome,
+    PollReply,
+    RecordField,
+    RecordKey,
+    RecordStore,
+)
+from rollout_core.store.store import NotReplicated
 from rollout_fleet.local import LocalFleet, fleet_command
+from rollout_fleet.processes import free_port
 from rollout_fleet.redis_server import RedisServer, SentinelSet
 from tests.chaos.harness import Trainer
 from tests.conftest import TEST_ENV
@@ -46,7 +58,7 @@ def redis_pair(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer, Senti
 def test_every_process_follows_a_failover_and_acknowledged_rollouts_survive(
     redis_pair: tuple[RedisServer, RedisServer, SentinelSet], tmp_path: Path
 ) -> None:
-    primary, replica, sentinels = redis_pair
+    sentinels = redis_pair[2]
     env = {**TEST_ENV, "ROLLOUT_FLEET_ADMISSION_REPLICAS": "1"}
     fleet = LocalFleet(
         agent=SCRIPTED_AGENT,
@@ -66,16 +78,9 @@ def test_every_process_follows_a_failover_and_acknowledged_rollouts_survive(
         ]
         trainer = Trainer("v1", [fleet.gateway_url], bodies, pace=0.2).start()
         time.sleep(4)
-        primary.process.kill()  # type: ignore[union-attr]
-        deadline = time.monotonic() + 30
-        while sentinels.primary() != replica.port:
-            assert time.monotonic() < deadline, "the sentinels never failed over"
-            time.sleep(0.2)
         # Admissions wait for a replica: until the old primary is back as one, they answer
         # 503 and the trainer retries (a retry is never answered from an unreplicated record).
-        primary.stop()
-        primary.replica_of = replica.port
-        primary.start()
+        _fail_over(redis_pair)
         trainer.join(120)
         assert len(trainer.admitted) == ROLLOUTS
         deadline = time.monotonic() + 90
@@ -145,3 +150,159 @@ def _until_replicated(replica: RedisServer, key: str) -> None:
             time.sleep(0.01)
     finally:
         link.close()
+
+
+def _cut_off(replica: RedisServer) -> None:
+    """The replica stops replicating but keeps what it has, and the sentinels still promote
+    it: pointed at a port nobody listens on (as the nemesis's ``--replica-lag`` does)."""
+    with redis.Redis(port=replica.port) as link:
+        link.replicaof("127.0.0.1", free_port())
+
+
+def _fail_over(servers: tuple[RedisServer, RedisServer, SentinelSet]) -> None:
+    """``kill -9`` of the primary; once the sentinels name the replica, the old primary comes
+    back as its replica, in sync (its own data replaced by a full resync)."""
+    primary, replica, sentinels = servers
+    primary.process.kill()  # type: ignore[union-attr]
+    deadline = time.monotonic() + 30
+    while sentinels.primary() != replica.port:
+        assert time.monotonic() < deadline, "the sentinels never failed over"
+        time.sleep(0.1)
+    primary.stop()
+    primary.replica_of = replica.port
+    primary.start()
+    with redis.Redis(port=primary.port, decode_responses=True) as link:
+        while link.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the old primary never synced"
+            time.sleep(0.1)
+
+
+def _replicated_settings(sentinels: SentinelSet, **overrides: float) -> FleetSettings:
+    return FleetSettings(
+        redis_url=sentinels.url(0),
+        key_prefix="t",
+        queue="q",
+        secret_key=None,
+        admission_replicas=1,
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+async def _admit_v2(store: RecordStore, key: RecordKey) -> AdmitOutcome:
+    return await store.admit_v2(
+        key,
+        max_queued=10,
+        poll_lease_seconds=60,
+        ttl_seconds=60,
+        message="MSG",
+        lease_digest="token",
+        fields={RecordField.PROTOCOL: "v2"},
+    )
+
+
+async def _poll(store: RecordStore, key: RecordKey) -> PollReply:
+    return await store.poll(
+        key, "token", poll_lease_seconds=60, retention_seconds=60, lease_expired_result=""
+    )
+
+
+class FailsOverBeforeItConfirms(RecordStore):
+    """A store whose first confirmation (the call that waits for the replicas before a trainer
+    is told what a record holds) comes after a failover: the primary it read the record from
+    is dead, the new primary lacks what was read. The nemesis's lagged-replica runs hit this
+    moment by chance, when a confirmation's WAIT outlived its primary; here it is certain."""
+
+    failover: Callable[[], None] | None = None
+
+    async def _replicated(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if script == "confirm" and self.failover is not None:
+            failover, self.failover = self.failover, None
+            await asyncio.to_thread(failover)
+        return await super()._replicated(script, keys, args)
+
+
+def test_a_result_told_after_a_failover_is_one_the_new_primary_holds(
+    redis_pair: tuple[RedisServer, RedisServer, SentinelSet],
+) -> None:
+    """Found by the nemesis's sentinel stage, replica cut off 0.8 s before each kill: a poll
+    read a final result on the primary, whose replica had stopped replicating, and waited for
+    the replica to confirm it; the primary died during the wait, the call was retried on the
+    promoted replica and the confirmation succeeded there (the old primary was back as its
+    replica) — for the new primary's record, still queued — and the trainer was told the
+    result the first read had seen. The rollout then ran again and ended otherwise. Now what
+    a trainer is told is read in the confirmed call itself."""
+
+    async def poll_across_a_failover() -> PollOutcome:
+        store = FailsOverBeforeItConfirms.connect(_replicated_settings(redis_pair[2]))
+        try:
+            key = store.keys.record("v2", "told")
+            admitted = await _admit_v2(store, key)
+            assert admitted is AdmitOutcome.QUEUED  # the replica holds it
+            _cut_off(redis_pair[1])
+            await store.cancel({key: '{"status": "CANCELLED"}'}, 60)  # the primary's alone
+            store.failover = functools.partial(_fail_over, redis_pair)
+            return (await _poll(store, key)).outcome
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(poll_across_a_failover()) is PollOutcome.STATUS  # before: FINAL
+
+
+def test_a_v1_replay_after_a_failover_is_one_the_new_primary_holds(
+    redis_pair: tuple[RedisServer, RedisServer, SentinelSet],
+) -> None:
+    """The same for a v1 retry after a 503: its replay was read on the primary, which alone
+    held the committed record, and confirmed on the new primary, which had the key only being
+    admitted — a 202 for a rollout the fleet no longer had. Now the retry is told to wait and
+    begin again; on the new primary it finds the first admission's claim."""
+
+    async def retry_across_a_failover() -> tuple[AdmitStart, AdmitStart]:
+        store = FailsOverBeforeItConfirms.connect(_replicated_settings(redis_pair[2]))
+        try:
+            key = store.keys.record("v1", "replayed")
+            assert (await store.admit_begin(key, "first", 60)).start is AdmitStart.LEAD
+            _until_replicated(redis_pair[1], key)
+            _cut_off(redis_pair[1])
+            with pytest.raises(NotReplicated):  # the trainer hears 503, and retries
+                await store.admit_commit(key, "first", 60, "MSG", {RecordField.RESPONSE: "202"})
+            store.failover = functools.partial(_fail_over, redis_pair)
+            retried = await store.admit_begin(key, "retry", 60)
+            again = await store.admit_begin(key, "retry", 60)
+            return retried.start, again.start
+        finally:
+            await store.aclose()
+
+    retried, again = asyncio.run(retry_across_a_failover())
+    assert retried is AdmitStart.WAIT  # before: REPLAY, the lost record's 202
+    assert again is AdmitStart.WAIT  # the first admission's claim, as the new primary has it
+
+
+def test_a_confirmation_whose_primary_dies_while_it_waits_ends_on_the_new_primary(
+    redis_pair: tuple[RedisServer, RedisServer, SentinelSet],
+) -> None:
+    """A poll's confirmation waits for a replica that stopped replicating; the primary dies
+    meanwhile. redis-py retries the pipeline on the new primary without loading its script
+    there (Redis 7 does not replicate ``SCRIPT LOAD``; this one was loaded after the cut-off):
+    the poll failed with ``NoScriptError``. Now it goes again with its script loaded, and
+    ends with the new primary's answer: the status, or 503 if its replica is not yet back."""
+
+    async def poll_while_failing_over() -> PollOutcome | str:
+        settings = _replicated_settings(redis_pair[2], admission_replica_timeout_seconds=2)
+        store = RecordStore.connect(settings)
+        try:
+            key = store.keys.record("v2", "waiting")
+            admitted = await _admit_v2(store, key)
+            assert admitted is AdmitOutcome.QUEUED
+            _cut_off(redis_pair[1])
+            await store.cancel({key: '{"status": "CANCELLED"}'}, 60)
+            poll = asyncio.ensure_future(_poll(store, key))
+            await asyncio.sleep(0.5)  # it read the result and waits for the replica
+            await asyncio.to_thread(_fail_over, redis_pair)
+            try:
+                return (await poll).outcome
+            except NotReplicated:
+                return "503"
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(poll_while_failing_over()) in (PollOutcome.STATUS, "503")
