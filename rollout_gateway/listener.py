@@ -1,6 +1,6 @@
 """Long-poll wake-ups: one Redis pub/sub subscription per gateway process.
 
-The store's scripts publish a record's new status on ``<prefix>:changes`` whenever it moves;
+The store's scripts publish a v2 record's new status on ``<prefix>:changes`` when it moves;
 the listener wakes the long-polls watching that record and tells them the status, so a poll
 woken by a change that is not final answers without reading the record again. A poll
 registers its watch *before* reading the record, so no change can slip between the read and

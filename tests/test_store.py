@@ -136,7 +136,7 @@ async def test_only_the_lease_holder_finishes_and_terminal_is_sticky(
     assert moved is Advance.MOVED
     saved = await store.load(key)
     assert (saved.status, saved.result, saved.delivery) == (Status.SUCCESS, "R", "delivered")
-    assert not await redis.hexists(key, RecordField.EXECUTION)
+    assert await redis.hget(key, RecordField.EXECUTION) == ""  # the lease holder emptied
     assert (await store.claim(key, "w3", "w3", LEASE, 5)).verdict is Verdict.DONE
     moved = await store.advance(key, "w1", Status.FAILURE, retention_seconds=RETAIN)
     assert moved is Advance.LOST
@@ -635,3 +635,33 @@ async def test_f10_a_long_front_part_skips_the_check_rather_than_read_the_backlo
         await redis.rpush("q", task_message(Celery("t"), key, "-", "q"))
     assert await store.waiting_without_message(limit=20) == set()
     assert await store.waiting_without_message(limit=40) == {lost}
+
+
+async def test_only_v2_status_changes_are_published(store: RecordStore) -> None:
+    """Changes are published for the long-polls waiting on them (P§2.4), and only v2 has
+    long-polls: a v1 rollout's claim, delivery and end publish nothing (three commands per v1
+    rollout that nobody read, issue 17). A v2 rollout's each wake its polls."""
+    v1 = await admitted(store, "one")
+    await v2_admit(store, "two", "d1")
+    v2 = store.keys.record("v2", "two")
+    async with store.changes() as changes:
+        for key in (v1, v2):
+            await store.claim(key, "w", "w", LEASE, 5)
+        await store.advance(v1, "w", Status.DELIVERING, result="R")
+        for key in (v1, v2):
+            await store.advance(key, "w", Status.SUCCESS, result="R", retention_seconds=RETAIN)
+        async with asyncio.timeout(5):  # in order: v1's claim came first
+            seen = [await anext(changes) for _ in range(2)]
+    assert [(c.key, c.status) for c in seen] == [(v2, Status.RUNNING), (v2, Status.SUCCESS)]
+
+
+async def test_a_finished_record_keeps_no_secret(store: RecordStore, redis: Redis) -> None:
+    """The sealed API key is there while the rollout runs, and emptied by its last write
+    (in that write: an HDEL less per rollout, issue 17); an empty one reads as none."""
+    key = store.keys.record("v1", "sealed")
+    assert (await store.admit_begin(key, "tok", 5)).start is AdmitStart.LEAD
+    assert await store.admit_commit(key, "tok", 60, "MSG", {**PROTOCOL, RecordField.SECRET: "S"})
+    assert (await store.claim(key, "w", "w", LEASE, 5)).record.secret == "S"
+    await store.advance(key, "w", Status.FAILURE, result="R", retention_seconds=RETAIN)
+    assert await redis.hget(key, RecordField.SECRET) == ""
+    assert (await store.load(key)).secret is None

@@ -51,7 +51,7 @@ class RolloutRecord:
             protocol="v2" if protocol == "v2" else "v1",
             rollout_id=get(RecordField.ROLLOUT_ID, ""),
             request=get(RecordField.REQUEST),
-            secret=get(RecordField.SECRET),
+            secret=get(RecordField.SECRET) or None,  # a finished record's is emptied
             response=get(RecordField.RESPONSE),
             result=get(RecordField.RESULT),
             lease_digest=get(RecordField.LEASE_DIGEST),

@@ -21,9 +21,9 @@ rollout id, or the v1 idempotency key). Sorted sets index the records:
 Besides these, the fleet uses the Celery queue (a list named by ``ROLLOUT_FLEET_QUEUE``) and
 kombu's ``unacked`` / ``unacked_index``, whose names kombu sets (``UNACKED*`` below).
 
-Status changes are published on ``<prefix>:changes`` (long-polls wake on them), requests to
-stop an execution on ``<prefix>:stops``. Every record (and worker beat) has a TTL; index
-entries go when their records do. Statuses only move forward::
+v2 records' status changes are published on ``<prefix>:changes`` (long-polls wake on them;
+v1 has none), requests to stop an execution on ``<prefix>:stops``. Every record (and worker
+beat) has a TTL; index entries go when their records do. Statuses only move forward::
 
     admitting → queued → running (→ grading) (→ delivering) → success | failure | cancelled
 """
@@ -96,7 +96,7 @@ class RecordField(StrEnum):
     PROTOCOL = "protocol"
     ROLLOUT_ID = "rollout_id"
     REQUEST = "request"  # the admitted request as JSON, without its API key
-    SECRET = "secret"  # the request's API key, sealed (dropped when the rollout finishes)
+    SECRET = "secret"  # the request's API key, sealed (emptied when the rollout finishes)
     RESPONSE = "response"  # v1: the 202 body, replayed to duplicates
     RESULT = "result"  # v1: the completion body; v2: the wire result
     ADMIT_TOKEN = "admit_token"  # v1: which admission holds (or held) the key
@@ -108,7 +108,7 @@ class RecordField(StrEnum):
     ATTEMPT = "attempt"  # executions started (hand-offs excepted)
     HANDOFFS = "handoffs"  # times a stopping worker gave it back
     TERMINATIONS = "terminations"  # times it was made terminal: anything but 1 is a bug
-    EXECUTION = "execution"  # the execution holding the worker lease
+    EXECUTION = "execution"  # the execution holding the worker lease (empty once finished)
     WORKER = "worker"  # the worker process that claimed it last
     TASK = "task"  # the Celery task id of the message it runs under (what Revoke names)
     CANCEL_REQUESTED = "cancel_requested"

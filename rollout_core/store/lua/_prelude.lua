@@ -5,10 +5,6 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- Tell the long-polls watching the record its new status (the message's format: schema.py).
-local function publish_change(record, status)
-  redis.call('PUBLISH', CHANGES, status .. CHANGE_SEPARATOR .. record)
-end
 -- Whether the record's entry in a time index (LEASES, POLLS) is there and its time has come
 -- (by ``now`` if the caller read the clock already).
 local function due(index, record, now)
@@ -19,8 +15,15 @@ end
 local function is_v2(record)
   return string.sub(record, 1, string.len(V2_RECORDS)) == V2_RECORDS
 end
+-- Tell the long-polls watching the record its new status (the message's format: schema.py).
+-- Only v2 has long-polls (P§2.4): a v1 record's changes have no reader and are not published.
+local function publish_change(record, status)
+  if is_v2(record) then
+    redis.call('PUBLISH', CHANGES, status .. CHANGE_SEPARATOR .. record)
+  end
+end
 -- Make a record terminal in one write: status, result (unless ''), the caller's `fields`
--- (field, value, ...); secret and lease dropped, retention TTL started.
+-- (field, value, ...); secret and lease holder emptied, retention TTL started.
 -- FIELD.terminations counts the calls: anything but 1 is a bug (the chaos suite checks it). A
 -- caller that read the record already passes the count it found (`terminations`, 0 if none).
 local function terminate(record, status, result, ttl_ms, fields, terminations)
@@ -30,15 +33,17 @@ local function terminate(record, status, result, ttl_ms, fields, terminations)
   for _, item in ipairs(fields or {}) do
     writes[#writes + 1] = item
   end
+  -- The secret and the lease holder are emptied in the same write (an HDEL more otherwise):
+  -- an empty one is none (RolloutRecord reads it so; no execution id is empty).
   for _, item in ipairs({FIELD.status, status, FIELD.finished_at, now,
-                         FIELD.terminations, terminations + 1}) do
+                         FIELD.terminations, terminations + 1,
+                         FIELD.secret, '', FIELD.execution, ''}) do
     writes[#writes + 1] = item
   end
   if result ~= '' then
     writes[#writes + 1], writes[#writes + 2] = FIELD.result, result
   end
   redis.call('HSET', record, unpack(writes))
-  redis.call('HDEL', record, FIELD.secret, FIELD.execution)
   redis.call('ZREM', LEASES, record)
   redis.call('ZREM', ACTIVE, record)
   if is_v2(record) then
