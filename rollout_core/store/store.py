@@ -73,8 +73,6 @@ POOL_WAIT_SECONDS = 10.0
 # Redis costs a pause, not a failed rollout). Every script tolerates running twice when its
 # first reply was lost (a repeat finds the change made and says so).
 RETRY_BUDGET_SECONDS = 10.0
-# What a trainer may be told of a record (``RecordStore.held``).
-_HELD = (RecordField.STATUS, RecordField.RESPONSE, RecordField.RESULT, RecordField.LEASE_DIGEST)
 
 
 class BudgetedRetry(Retry):
@@ -119,10 +117,19 @@ SUMMARY_FIELDS = (
     RecordField.CANCEL_REQUESTED,
     RecordField.DELIVERY,
 )
+# What a trainer may be told of a record (``RecordStore.held``).
+_HELD = (RecordField.STATUS, RecordField.RESPONSE, RecordField.RESULT, RecordField.LEASE_DIGEST)
 
 
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
+
+
+def _record(fields: Sequence[RecordField], values: Sequence[str | None]) -> RolloutRecord:
+    """A record from an ``HMGET`` of ``fields`` (a field it lacks reads as None)."""
+    return RolloutRecord.parse(
+        {name: value for name, value in zip(fields, values, strict=True) if value is not None}
+    )
 
 
 def _flatten(fields: Mapping[RecordField, str]) -> list[str]:
@@ -287,15 +294,16 @@ class RecordStore:
         on the new primary, across a failover — resends them unchecked, and a server that
         lacks one (Redis 7 does not replicate ``SCRIPT LOAD``) answers ``NoScriptError``: the
         pipeline goes once more, its scripts loaded there. Every script tolerates a rerun."""
-        for last in (False, True):
+
+        async def once() -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
                 await fill(pipe)
-                try:
-                    return await pipe.execute()
-                except NoScriptError:
-                    if last:
-                        raise
-        raise AssertionError("unreachable")
+                return await pipe.execute()
+
+        try:
+            return await once()
+        except NoScriptError:
+            return await once()
 
     async def _replicated(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """An admission script, then (when configured) ``WAIT`` on the same connection until
@@ -326,9 +334,7 @@ class RecordStore:
         if not self._replicas:
             return read
         values = await self._replicated("confirm", [key], _HELD)
-        return RolloutRecord.parse(
-            {name: value for name, value in zip(_HELD, values, strict=False) if value is not None}
-        )
+        return _record(_HELD, values or [None] * len(_HELD))  # [] if the record is gone
 
     async def ping(self) -> None:
         await self._redis.ping()
@@ -446,10 +452,7 @@ class RecordStore:
         """A record (only ``fields`` of it, if given); an empty one if there is none."""
         if not fields:
             return RolloutRecord.parse(cast(dict[str, str], await self._redis.hgetall(key)))
-        values = cast(list[str | None], await self._redis.hmget(key, list(fields)))
-        return RolloutRecord.parse(
-            {name: value for name, value in zip(fields, values, strict=True) if value is not None}
-        )
+        return _record(fields, cast(list[str | None], await self._redis.hmget(key, list(fields))))
 
     async def cancel(
         self, cancelled_results: Mapping[RecordKey, str], retention_seconds: float

@@ -142,14 +142,11 @@ def _until_replicated(replica: RedisServer, key: str) -> None:
     """Replication is asynchronous: a key written just before the primary dies may never reach
     the replica (CI saw it once). The test is about where the call goes, not about that loss
     (``ROLLOUT_FLEET_ADMISSION_REPLICAS`` covers it), so it waits for the copy first."""
-    link = redis.Redis(port=replica.port)
-    try:
-        deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10
+    with redis.Redis(port=replica.port) as link:
         while not link.exists(key):
             assert time.monotonic() < deadline, "the key never reached the replica"
             time.sleep(0.01)
-    finally:
-        link.close()
 
 
 def _cut_off(replica: RedisServer) -> None:
