@@ -182,7 +182,7 @@ def _check_callbacks(
         report.fail(f"v1 {rollout_id}: no callback ({record.get('status')})")
         return []
     keys = {{k.lower(): v for k, v in c["headers"].items()}.get("idempotency-key") for c in calls}
-    if keys != {rollout_id}:
+    if keys != {record.get("admit_token")}:  # one key per admission, on every repeat
         report.fail(f"v1 {rollout_id}: Idempotency-Key {keys}")
     bodies = {c["body"].get("status") for c in calls}
     if len(bodies) > 1:

@@ -14,7 +14,7 @@ import math
 import ssl
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,19 @@ def new_http_client(
         transport=_ObservedTransport(transport),
         timeout=httpx.Timeout(client_settings.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS),
     )
+
+
+def _on_send(
+    before_send: Callable[[], Awaitable[None]],
+) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """An httpcore ``trace`` hook that awaits ``before_send`` as a request's headers are about
+    to be written (its connection made); what it raises aborts that request."""
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("send_request_headers.started"):
+            await before_send()
+
+    return trace
 
 
 class HttpClientShards:
@@ -318,12 +331,19 @@ class OsmosisLLMClient:
         )
 
     async def post_completion(
-        self, response: RolloutResponse, *, idempotency_key: str | None = None
+        self,
+        response: RolloutResponse,
+        *,
+        idempotency_key: str | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Deliver a finished rollout to ``{server_url}/v1/rollout/completed``.
 
         ``idempotency_key`` goes out as the ``Idempotency-Key`` header, the same on every
         attempt and every repeat, so a receiver can drop a callback it already has.
+        ``before_send`` is awaited before each attempt's request is written, once its
+        connection is open; what it raises stops the delivery there and propagates, so a
+        caller can make sure it still may post (the fleet checks its lease).
         """
         extra = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else {}
         await self._post(
@@ -332,6 +352,7 @@ class OsmosisLLMClient:
             retries=self.complete_rollout_retries,
             is_success=_is_2xx,
             headers=extra,
+            before_send=before_send,
         )
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -356,10 +377,14 @@ class OsmosisLLMClient:
         retries: int,
         is_success: Callable[[int], bool],
         headers: dict[str, str] | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> httpx.Response:
         """POST with the spec's retry policy: retry 5xx, timeouts and transport errors."""
         url = self.server_url + path
         timeout = httpx.Timeout(self.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS)
+        extensions: dict[str, Any] = {}
+        if before_send is not None:
+            extensions["trace"] = _on_send(before_send)
         last_error: OsmosisRolloutError | None = None
         for attempt in range(retries + 1):
             if attempt:
@@ -370,7 +395,7 @@ class OsmosisLLMClient:
                     content=body,
                     headers=self._headers(headers),
                     timeout=timeout,
-                    extensions={ATTEMPT_EXTENSION: attempt},
+                    extensions={**extensions, ATTEMPT_EXTENSION: attempt},
                 )
             except httpx.TimeoutException as exc:
                 last_error = OsmosisTimeoutError(f"POST {url} timed out: {exc!r}")
