@@ -68,6 +68,26 @@ class CompletionsResult:
         return self.message.get("content")
 
 
+def answered(response: httpx.Response) -> str:
+    """What a failed answer from a trainer-chosen URL may say: the request and the status with
+    its standard reason phrase (``POST http://host/v1/chat/completions returned 404 Not
+    Found``). Never the body, nor the server's own phrase: the URL may aim at a service the
+    trainer could not otherwise read, and errors are stored and returned."""
+    request = response.request
+    reason = httpx.codes.get_reason_phrase(response.status_code) or "(unknown status)"
+    return f"{request.method} {request.url} returned {response.status_code} {reason}"
+
+
+def _unusable(exc: ValidationError | IndexError) -> str:
+    """Why a 200 answer is not a chat completion, without the values it carried."""
+    if isinstance(exc, IndexError):
+        return "no choices"
+    problems = exc.errors(include_url=False, include_input=False, include_context=False)
+    shown = [f"{'.'.join(map(str, p['loc'])) or 'body'}: {p['msg']}" for p in problems[:3]]
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return "; ".join(shown) + more
+
+
 def _is_200(status: int) -> bool:
     return status == 200
 
@@ -267,8 +287,9 @@ class OsmosisLLMClient:
             choice = parsed.choices[0]
         except (ValidationError, IndexError) as exc:
             raise OsmosisValidationError(
-                f"TrainGate returned an unusable chat completion: {exc}", response.status_code
-            ) from exc
+                f"TrainGate returned an unusable chat completion: {_unusable(exc)}",
+                response.status_code,
+            ) from None
         usage = parsed.usage or {}
         latency_ms = (time.monotonic() - started) * 1000
         finish_reason = choice.finish_reason or "stop"
@@ -380,14 +401,8 @@ class OsmosisLLMClient:
                 if is_success(response.status_code):
                     return response
                 if response.status_code < 500:
-                    raise OsmosisValidationError(
-                        f"POST {url} returned {response.status_code}: {response.text[:2000]}",
-                        response.status_code,
-                    )
-                last_error = OsmosisServerError(
-                    f"POST {url} returned {response.status_code}: {response.text[:2000]}",
-                    response.status_code,
-                )
+                    raise OsmosisValidationError(answered(response), response.status_code)
+                last_error = OsmosisServerError(answered(response), response.status_code)
             logger.warning(
                 "rollout %s: attempt %d/%d failed: %s",
                 self.rollout_id,
@@ -406,6 +421,7 @@ __all__ = [
     "CompletionsResult",
     "HttpClientShards",
     "OsmosisLLMClient",
+    "answered",
     "new_http_client",
     "observe_traingate_calls",
 ]
