@@ -14,6 +14,7 @@ or names a link-local or cloud-metadata address (where instance credentials are 
 from __future__ import annotations
 
 import ipaddress
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,6 +109,57 @@ def open_bind_refusal(host: str, has_key: bool, insecure_open: bool) -> str | No
     )
 
 
+def served_host() -> str | None:
+    """The address the ASGI server running this process listens on, when it says: uvicorn
+    (alone, or each of ``--workers``) keeps its config on the signal handler it installs
+    before it starts the app. A Unix socket counts as loopback; None: not known (another
+    server, or an inherited file descriptor)."""
+    server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    config = getattr(server, "config", None)
+    if config is None or getattr(config, "fd", None) is not None:
+        return None
+    if getattr(config, "uds", None):
+        return "localhost"
+    host = getattr(config, "host", None)
+    return host if isinstance(host, str) else None
+
+
+class OpenBindRefusal:
+    """The gateway app refuses to serve without a server key on a non-loopback address,
+    however it is started (``rollout-fleet gateway`` checks first, with the same function).
+    Where the server's address is known its startup fails, in one line and no traceback;
+    where it is not, a request that arrived on a non-loopback address gets 503 and the same
+    line, instead of an answer."""
+
+    def __init__(self, app: ASGIApp, has_key: bool, insecure_open: bool) -> None:
+        self.app = app
+        self._has_key = has_key
+        self._insecure_open = insecure_open
+        self._host: str | None = None
+
+    def _refusal(self, host: str) -> str | None:
+        return open_bind_refusal(host, self._has_key, self._insecure_open)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._has_key or self._insecure_open:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "lifespan":
+            self._host = served_host()
+            refusal = self._refusal(self._host) if self._host is not None else None
+            if refusal is not None:
+                await receive()  # lifespan.startup: the server logs the message and exits
+                await send({"type": "lifespan.startup.failed", "message": refusal})
+                return
+        elif scope["type"] == "http" and self._host is None:
+            server = scope.get("server")
+            refusal = self._refusal(server[0]) if server and server[1] is not None else None
+            if refusal is not None:
+                await JSONResponse({"detail": refusal}, status_code=503)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorDetail, "description": "The body is not JSON."},
     413: {"model": ErrorDetail, "description": "The body is larger than the fleet accepts."},
@@ -154,4 +206,11 @@ class BodySizeLimit:
         await self.app(scope, limited, send)
 
 
-__all__ = ["ERROR_RESPONSES", "BodySizeLimit", "check_trainer_url", "is_under"]
+__all__ = [
+    "ERROR_RESPONSES",
+    "BodySizeLimit",
+    "OpenBindRefusal",
+    "check_trainer_url",
+    "is_under",
+    "open_bind_refusal",
+]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -55,6 +56,60 @@ def test_f18_a_gateway_with_a_key_or_told_to_run_open_starts(
     try:
         wait_until(lambda: port_open(port), 60, "the gateway")
         assert process.alive()
+    finally:
+        process.stop()
+
+
+def uvicorn_gateway(port: int, host: str = "0.0.0.0") -> list[str]:
+    """The gateway app under plain uvicorn, as an operator might run it without the CLI."""
+    app = "rollout_gateway.app:create_app"
+    return [sys.executable, "-m", "uvicorn", app, "--factory", "--host", host, "--port", str(port)]
+
+
+def test_f18_the_gateway_app_under_plain_uvicorn_refuses_a_non_loopback_address(
+    redis_server: RedisServer,
+) -> None:
+    """The refusal is the app's, not only the CLI's: one line, no traceback, no port open."""
+    port = free_port()
+    refused = subprocess.run(
+        uvicorn_gateway(port),
+        env=gateway_env(redis_server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0, output
+    lines = [line for line in output.splitlines() if "refusing to listen on 0.0.0.0" in line]
+    assert len(lines) == 1, output
+    assert "ROLLOUT_FLEET_API_KEY" in lines[0]
+    assert "ROLLOUT_FLEET_INSECURE_OPEN_GATEWAY" in lines[0]
+    assert "Traceback" not in output
+    assert "Uvicorn running" not in output
+    assert not port_open(port)
+
+
+@pytest.mark.parametrize(
+    ("host", "env"),
+    [
+        ("0.0.0.0", {"ROLLOUT_FLEET_API_KEY": SERVER_KEY}),
+        ("0.0.0.0", {"ROLLOUT_FLEET_INSECURE_OPEN_GATEWAY": "true"}),
+        ("127.0.0.1", {}),
+    ],
+    ids=["with a key", "open on purpose", "loopback"],
+)
+def test_f18_the_gateway_app_under_plain_uvicorn_starts_when_it_may(
+    redis_server: RedisServer, tmp_path: Path, host: str, env: dict[str, str]
+) -> None:
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    env = gateway_env(redis_server, **env)
+    process = ManagedProcess("gateway", uvicorn_gateway(port, host), env, log).start()
+    try:
+        wait_until(lambda: port_open(port), 60, "the gateway")
+        headers = {"Authorization": f"Bearer {SERVER_KEY}"}
+        assert httpx.get(f"http://127.0.0.1:{port}/ready", headers=headers).status_code == 200
     finally:
         process.stop()
 
