@@ -8,7 +8,10 @@ workers send requests to any host their network reaches (SSRF). With
 prefixes: same scheme, host and port, and a path at or below the prefix's path. Whatever the
 list says, a trainer URL is refused if it carries a query or fragment (the fleet appends paths
 to it: ``?x=`` would turn them into a parameter and aim the worker at any path of the host),
-or names a link-local or cloud-metadata address (where instance credentials are served).
+or names a link-local or cloud-metadata address (where instance credentials are served) in
+any form a resolver reads, or an address in ``OSMOSIS_ROLLOUT_CLIENT_REFUSED_NETWORKS``: the
+SDK's destination policy, which the workers' clients check again on every address they
+connect to (a name is only checked there, as it resolves).
 """
 
 from __future__ import annotations
@@ -24,14 +27,11 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rollout_sdk.client.destinations import refused_host
+from rollout_sdk.config import get_settings
 from rollout_sdk.server.http import ErrorDetail
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-# Cloud metadata services outside the link-local ranges, by address and by name.
-METADATA_ADDRESSES = frozenset(
-    {ipaddress.ip_address("100.100.100.200"), ipaddress.ip_address("fd00:ec2::254")}
-)
-METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "metadata.goog"})
 
 
 def _origin_and_path(url: httpx.URL) -> tuple[str, str, int | None, str]:
@@ -60,16 +60,7 @@ def never_called(url: str) -> str | None:
         return "is not a URL"
     if parsed.query or parsed.fragment or "?" in url or "#" in url:
         return "carries a query or fragment (the fleet appends paths to a trainer URL)"
-    host = parsed.host.lower().rstrip(".")
-    if host in METADATA_NAMES:
-        return "names a cloud metadata service"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    if address.is_link_local or address in METADATA_ADDRESSES:
-        return "is a link-local or cloud-metadata address"
-    return None
+    return refused_host(parsed.host, get_settings().client.refused_networks)
 
 
 def check_trainer_url(field: str, url: str, allowed: Sequence[str]) -> None:

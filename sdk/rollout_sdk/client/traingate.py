@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from rollout_sdk.client.destinations import RefusedDestination, checked_transport
 from rollout_sdk.client.turns import Turn, TurnCapture, make_turn
 from rollout_sdk.config import RolloutSettings, get_settings
 from rollout_sdk.core.exceptions import (
@@ -29,6 +30,7 @@ from rollout_sdk.core.exceptions import (
     OsmosisTimeoutError,
     OsmosisTransportError,
     OsmosisValidationError,
+    RefusedDestinationError,
 )
 from rollout_sdk.core.schemas import (
     CompletionsRequest,
@@ -152,15 +154,15 @@ def new_http_client(
     """An ``AsyncClient`` sized by the client settings; share it across rollouts of one loop.
 
     Building the default TLS context (loading the CA bundle) costs about 20 ms; pass ``tls``
-    to share one among many clients."""
+    to share one among many clients. Every connection is to an address the destination
+    policy allows (:mod:`rollout_sdk.client.destinations`), checked as it is resolved."""
     client_settings = (settings or get_settings()).client
-    transport = httpx.AsyncHTTPTransport(
-        verify=tls or True,
-        limits=httpx.Limits(
-            max_connections=client_settings.max_connections,
-            max_keepalive_connections=client_settings.max_keepalive_connections,
-        ),
+    limits = httpx.Limits(
+        max_connections=client_settings.max_connections,
+        max_keepalive_connections=client_settings.max_keepalive_connections,
     )
+    tls = tls or httpx.create_ssl_context()
+    transport = checked_transport(client_settings.refused_networks, limits, tls)
     return httpx.AsyncClient(
         transport=_ObservedTransport(transport),
         timeout=httpx.Timeout(client_settings.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS),
@@ -396,6 +398,8 @@ class OsmosisLLMClient:
             except httpx.TimeoutException as exc:
                 last_error = OsmosisTimeoutError(f"POST {url} timed out: {exc!r}")
             except httpx.TransportError as exc:
+                if isinstance(exc.__cause__, RefusedDestination):  # it will not change
+                    raise RefusedDestinationError(str(exc)) from None
                 last_error = OsmosisTransportError(f"POST {url} failed: {exc!r}")
             else:
                 if is_success(response.status_code):
