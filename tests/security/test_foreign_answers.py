@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import V2_ENV, StartFleet
-from tests.harness import REPO, FleetUnderTest, V2FleetUnderTest, new_id
+from tests.harness import REPO, FleetUnderTest, V2FleetUnderTest, new_id, redis_dump
 
 SECRET = "internal-secret-7f3a9c"
 STRANDS_AGENT = str(REPO / "examples/strands_multiply/main.py")
@@ -56,26 +56,6 @@ def internal(request: pytest.FixtureRequest) -> Iterator[InternalService]:
     service.close()
 
 
-def everything_stored(handle: FleetUnderTest) -> str:
-    """Every key of the fleet's Redis database, with its value."""
-    seen = []
-    for key in handle.redis.scan_iter(count=1000):
-        kind = handle.redis.type(key)
-        if kind == "hash":
-            seen.append(f"{key} {handle.redis.hgetall(key)}")
-        elif kind == "string":
-            seen.append(f"{key} {handle.redis.get(key)}")
-        elif kind == "list":
-            seen.append(f"{key} {handle.redis.lrange(key, 0, -1)}")
-        elif kind == "zset":
-            seen.append(f"{key} {handle.redis.zrange(key, 0, -1)}")
-        elif kind == "set":
-            seen.append(f"{key} {handle.redis.smembers(key)}")
-        elif kind == "stream":
-            seen.append(f"{key} {handle.redis.xrange(key)}")
-    return "\n".join(seen)
-
-
 def all_logs(handle: FleetUnderTest) -> str:
     return "\n".join(process.output() for process in handle.fleet.processes.values())
 
@@ -105,7 +85,7 @@ def test_a_v1_rollout_never_reads_back_an_internal_services_answer(
     assert view.status_code == 200, view.text
     result = view.json()
     assert result["error"] == EXPECTED_V1_ERRORS[internal.status].format(url=server_url), result
-    for seen in (view.text, everything_stored(v1_fleet), all_logs(v1_fleet)):
+    for seen in (view.text, redis_dump(v1_fleet.redis), all_logs(v1_fleet)):
         assert SECRET not in seen
 
 
@@ -126,5 +106,5 @@ def test_a_v2_rollout_never_reads_back_an_internal_services_answer(
     if internal.status != 200:  # a 200 streams no events: an empty answer
         reason = EXPECTED_V1_ERRORS[internal.status].split(" returned ")[1]
         assert result["err_message"] == f"POST {url}/chat/completions returned {reason}", result
-    for seen in (json.dumps(result), everything_stored(strands_fleet), all_logs(strands_fleet)):
+    for seen in (json.dumps(result), redis_dump(strands_fleet.redis), all_logs(strands_fleet)):
         assert SECRET not in seen
