@@ -24,7 +24,7 @@ from rollout_core.secrets import load_secret_box
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore, StoreFull, StoreReplyError, StoreUnavailable
 from rollout_gateway import lookup, metrics, ready
-from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit
+from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit, OpenBindRefusal
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
 from rollout_gateway.tools import ToolsRunner
@@ -135,7 +135,11 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     app.add_exception_handler(StoreReplyError, _store_full)
     api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     _routes(app, speaks_v1, api_key)
-    app.add_middleware(metrics.CountAdmissions)  # outermost: counts every answer
+    app.add_middleware(metrics.CountAdmissions)  # counts every answer
+    # outermost: refuses before anything starts
+    app.add_middleware(
+        OpenBindRefusal, has_key=api_key is not None, insecure_open=settings.insecure_open_gateway
+    )
     if settings.tracing:
         tracing.setup("rollout-gateway", app)
     return app

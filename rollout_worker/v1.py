@@ -41,6 +41,7 @@ from rollout_sdk.core.exceptions import (
     OsmosisServerError,
     OsmosisTimeoutError,
     OsmosisValidationError,
+    RefusedDestinationError,
 )
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
 from rollout_sdk.runner import error_response, run_agent_loop
@@ -62,6 +63,8 @@ def delivery_failure(exc: Exception) -> str:
     the receiver's answer (a foreign endpoint's body must not be stored or returned)."""
     if isinstance(exc, OsmosisValidationError | OsmosisServerError):
         return f"failed: the trainer answered HTTP {exc.status_code}"
+    if isinstance(exc, RefusedDestinationError):  # our own words, never the receiver's
+        return f"failed: {exc}"
     if isinstance(exc, OsmosisTimeoutError):
         return "failed: the trainer did not answer in time (it may have received the callback)"
     if isinstance(exc, OsmosisRolloutError):

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from rollout_sdk.client.destinations import RefusedDestination, checked_transport
 from rollout_sdk.client.turns import Turn, TurnCapture, make_turn
 from rollout_sdk.config import RolloutSettings, get_settings
 from rollout_sdk.core.exceptions import (
@@ -29,6 +30,7 @@ from rollout_sdk.core.exceptions import (
     OsmosisTimeoutError,
     OsmosisTransportError,
     OsmosisValidationError,
+    RefusedDestinationError,
 )
 from rollout_sdk.core.schemas import (
     CompletionsRequest,
@@ -66,6 +68,26 @@ class CompletionsResult:
     @property
     def content(self) -> Any:
         return self.message.get("content")
+
+
+def answered(response: httpx.Response) -> str:
+    """What a failed answer from a trainer-chosen URL may say: the request and the status with
+    its standard reason phrase (``POST http://host/v1/chat/completions returned 404 Not
+    Found``). Never the body, nor the server's own phrase: the URL may aim at a service the
+    trainer could not otherwise read, and errors are stored and returned."""
+    request = response.request
+    reason = httpx.codes.get_reason_phrase(response.status_code) or "(unknown status)"
+    return f"{request.method} {request.url} returned {response.status_code} {reason}"
+
+
+def _unusable(exc: ValidationError | IndexError) -> str:
+    """Why a 200 answer is not a chat completion, without the values it carried."""
+    if isinstance(exc, IndexError):
+        return "no choices"
+    problems = exc.errors(include_url=False, include_input=False, include_context=False)
+    shown = [f"{'.'.join(map(str, p['loc'])) or 'body'}: {p['msg']}" for p in problems[:3]]
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return "; ".join(shown) + more
 
 
 def _is_200(status: int) -> bool:
@@ -132,15 +154,15 @@ def new_http_client(
     """An ``AsyncClient`` sized by the client settings; share it across rollouts of one loop.
 
     Building the default TLS context (loading the CA bundle) costs about 20 ms; pass ``tls``
-    to share one among many clients."""
+    to share one among many clients. Every connection is to an address the destination
+    policy allows (:mod:`rollout_sdk.client.destinations`), checked as it is resolved."""
     client_settings = (settings or get_settings()).client
-    transport = httpx.AsyncHTTPTransport(
-        verify=tls or True,
-        limits=httpx.Limits(
-            max_connections=client_settings.max_connections,
-            max_keepalive_connections=client_settings.max_keepalive_connections,
-        ),
+    limits = httpx.Limits(
+        max_connections=client_settings.max_connections,
+        max_keepalive_connections=client_settings.max_keepalive_connections,
     )
+    tls = tls or httpx.create_ssl_context()
+    transport = checked_transport(client_settings.refused_networks, limits, tls)
     return httpx.AsyncClient(
         transport=_ObservedTransport(transport),
         timeout=httpx.Timeout(client_settings.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS),
@@ -280,8 +302,9 @@ class OsmosisLLMClient:
             choice = parsed.choices[0]
         except (ValidationError, IndexError) as exc:
             raise OsmosisValidationError(
-                f"TrainGate returned an unusable chat completion: {exc}", response.status_code
-            ) from exc
+                f"TrainGate returned an unusable chat completion: {_unusable(exc)}",
+                response.status_code,
+            ) from None
         usage = parsed.usage or {}
         latency_ms = (time.monotonic() - started) * 1000
         finish_reason = choice.finish_reason or "stop"
@@ -400,19 +423,15 @@ class OsmosisLLMClient:
             except httpx.TimeoutException as exc:
                 last_error = OsmosisTimeoutError(f"POST {url} timed out: {exc!r}")
             except httpx.TransportError as exc:
+                if isinstance(exc.__cause__, RefusedDestination):  # it will not change
+                    raise RefusedDestinationError(str(exc)) from None
                 last_error = OsmosisTransportError(f"POST {url} failed: {exc!r}")
             else:
                 if is_success(response.status_code):
                     return response
                 if response.status_code < 500:
-                    raise OsmosisValidationError(
-                        f"POST {url} returned {response.status_code}: {response.text[:2000]}",
-                        response.status_code,
-                    )
-                last_error = OsmosisServerError(
-                    f"POST {url} returned {response.status_code}: {response.text[:2000]}",
-                    response.status_code,
-                )
+                    raise OsmosisValidationError(answered(response), response.status_code)
+                last_error = OsmosisServerError(answered(response), response.status_code)
             logger.warning(
                 "rollout %s: attempt %d/%d failed: %s",
                 self.rollout_id,
@@ -431,6 +450,7 @@ __all__ = [
     "CompletionsResult",
     "HttpClientShards",
     "OsmosisLLMClient",
+    "answered",
     "new_http_client",
     "observe_traingate_calls",
 ]
