@@ -141,6 +141,31 @@ def test_a_callback_that_fails_the_same_way_every_time_ends_the_rollout_once(
     assert not handle.trainer.calls("completed", rollout_id)
 
 
+def test_a_trainer_slower_than_the_client_timeout_gets_identical_keyed_retries_and_is_told(
+    handle: FleetUnderTest,
+) -> None:
+    """The second documented window: a callback whose answer does not come within
+    ``OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS`` (2 s here; the trainer takes 3 s) is retried,
+    as the protocol says. Every attempt is the same body under the same key, and the record
+    says the trainer may have received it (before: "did not answer in time", as if it had
+    not)."""
+    rollout_id = new_id("slow-trainer")
+    handle.trainer.add_faults(
+        {"target": "completed", "delay_s": 3.0, "times": 3, "rollout_id": rollout_id}
+    )
+    assert handle.init(handle.body(rollout_id, metadata=COMPLETE_AT_ONCE)).status_code == 202
+    record = handle.wait_status(rollout_id, {"success", "failure"}, timeout=40)
+    assert record["delivery"] == (
+        "failed: the trainer did not answer in time (it may have received the callback)"
+    )
+    calls = handle.trainer.calls("completed", rollout_id)
+    assert len(calls) == 3  # the first and complete_rollout_retries (2)
+    assert {json.dumps(c["body"], sort_keys=True) for c in calls} == {
+        json.dumps(calls[0]["body"], sort_keys=True)
+    }
+    assert {header(c, "Idempotency-Key") for c in calls} == {record["admit_token"]}
+
+
 # --- a trainer whose door the test opens --------------------------------------------------------
 
 
