@@ -384,8 +384,26 @@ class RecordStore:
         message: str,
         fields: Mapping[RecordField, str],
     ) -> bool:
-        args = [token, _ms(ttl_seconds), message, *_flatten(fields)]
-        return bool(await self._replicated("admit_commit", [key, self.queue], args))
+        """Write the record and enqueue its message in one step; False if the claim lapsed.
+
+        With ``admission_replicas`` the message waits until the replicas hold the record: a
+        commit they do not confirm in time is taken back before ``NotReplicated`` reaches the
+        caller (its trainer hears 503), so a rollout its trainer was refused never runs nor
+        calls back, and a retry admits it afresh. A confirmed record whose message then fails
+        to go (the gateway dies) is a queued record without a message: the workers' sweeper
+        resends it, as for any lost message."""
+        if not self._replicas:
+            args = [token, _ms(ttl_seconds), message, *_flatten(fields)]
+            return bool(await self._run("admit_commit", [key, self.queue], args))
+        args = [token, _ms(ttl_seconds), "", *_flatten(fields)]
+        try:
+            committed = bool(await self._replicated("admit_commit", [key, self.queue], args))
+        except NotReplicated:
+            await self._run("admit_withdraw", [key], [token])
+            raise
+        if committed:
+            await self._redis.lpush(self.queue, message)
+        return committed
 
     async def admit_abort(self, key: RecordKey, token: str) -> None:
         await self._run("admit_abort", [key], [token])
@@ -564,6 +582,16 @@ class RecordStore:
                     "every admitted rollout (set appendonly yes)"
                 )
         return risks
+
+    async def connected_replicas(self) -> int:
+        """How many replicas are connected to the primary (``INFO replication``)."""
+        replication = await self._redis.info("replication")
+        return int(replication.get("connected_slaves", 0))
+
+    async def server_run(self) -> str:
+        """The Redis server's run id: a new one after every restart."""
+        server = await self._redis.info("server")
+        return str(server.get("run_id", ""))
 
     async def fleet_secret_key(self, generated: str) -> str:
         """The fleet's own sealing key: ``generated`` if none is kept yet, else the kept one."""
