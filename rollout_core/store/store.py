@@ -593,10 +593,14 @@ class RecordStore:
         server = await self._redis.info("server")
         return str(server.get("run_id", ""))
 
+    async def generated_secret_key(self) -> str | None:
+        """The sealing key the fleet generated for itself, if it ever ran without one."""
+        return cast(str | None, await self._redis.get(self.keys.fleet_key))
+
     async def fleet_secret_key(self, generated: str) -> str:
         """The fleet's own sealing key: ``generated`` if none is kept yet, else the kept one."""
         await self._redis.set(self.keys.fleet_key, generated, nx=True)
-        stored = cast(str | None, await self._redis.get(self.keys.fleet_key))
+        stored = await self.generated_secret_key()
         if stored is None:
             raise RuntimeError(f"the fleet key {self.keys.fleet_key} vanished from Redis")
         return stored
