@@ -13,6 +13,11 @@ With ``ROLLOUT_FLEET_ADMISSION_REPLICAS`` every admission waits for that many re
 primary with fewer connected ones answers every admission 503. A gateway refuses to start on
 one, and its ``/ready`` fails while it lasts (a replica outage), naming both counts and the
 setting.
+
+Fleets with different key prefixes on one Redis database must not share a queue name: each
+one's workers would take the other's messages. Each fleet registers its prefix for its queue
+at start (a key beside the queue); a process whose queue another prefix holds refuses to
+start, and a gateway's ``/ready`` fails if that changes while it runs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from rollout_core.settings import FleetSettings
-from rollout_core.store import RecordStore, StoreUnavailable
+from rollout_core.store import RecordStore, StoreReplyError, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +97,49 @@ async def refuse_too_few_replicas(store: RecordStore, settings: FleetSettings) -
         raise TooFewReplicas(f"refusing to run: {shortfall}")
 
 
+class SharedQueue(StartRefused):
+    """Another fleet (another key prefix) uses this fleet's queue."""
+
+
+async def queue_conflict(store: RecordStore) -> str | None:
+    """Why this fleet's queue is not its own, with the fix; None if it is (registering it for
+    this fleet's prefix if nobody holds it). A Redis whose ACL forbids the registration key
+    cannot tell: None, with a warning."""
+    try:
+        owner = await store.own_queue()
+    except StoreReplyError as exc:
+        logger.warning("cannot register the queue's key prefix in Redis (%s): not checked", exc)
+        return None
+    if owner == store.keys.prefix:
+        return None
+    return (
+        f"the queue {store.queue!r} is used by the fleet with key prefix {owner!r}, and this "
+        f"one has {store.keys.prefix!r}: their workers would take each other's rollouts. Give "
+        "each fleet its own ROLLOUT_FLEET_QUEUE (or the same ROLLOUT_FLEET_KEY_PREFIX if they "
+        f"are one fleet); if that fleet is gone, delete the Redis key {store.queue_owner_key}"
+    )
+
+
+async def refuse_shared_queue(store: RecordStore) -> None:
+    """Raise :class:`SharedQueue` if another key prefix holds this fleet's queue."""
+    try:
+        conflict = await queue_conflict(store)
+    except StoreUnavailable as exc:
+        logger.warning("Redis did not answer the queue check at start: %r", exc)
+        return
+    if conflict is not None:
+        raise SharedQueue(f"refusing to run: {conflict}")
+
+
+async def start_checks(store: RecordStore, settings: FleetSettings, *, admits: bool) -> None:
+    """Every check a process makes of Redis before it serves (:class:`StartRefused` if one
+    fails); ``admits``: a gateway, which also needs the replicas admissions wait for."""
+    await refuse_data_loss(store, settings)
+    await refuse_shared_queue(store)
+    if admits:
+        await refuse_too_few_replicas(store, settings)
+
+
 class RedisWatch:
     """A running process's view of Redis's durability: the data-loss check, run again only
     when Redis restarted since the last one (a cheap ``INFO server`` tells)."""
@@ -120,9 +168,13 @@ __all__ = [
     "OVERRIDE",
     "RedisLosesData",
     "RedisWatch",
+    "SharedQueue",
     "StartRefused",
     "TooFewReplicas",
+    "queue_conflict",
     "refuse_data_loss",
+    "refuse_shared_queue",
     "refuse_too_few_replicas",
     "replica_shortfall",
+    "start_checks",
 ]

@@ -86,11 +86,12 @@ def _check_settings() -> FleetSettings:
 
 
 def _refuse_unsafe_redis(settings: FleetSettings, *, admits: bool) -> None:
-    """Refuse, in one line, a Redis that can lose admitted rollouts or (for a process that
-    ``admits``) lacks the replicas admissions wait for. The process checks again as it
+    """Refuse, in one line, a Redis that can lose admitted rollouts, whose queue another
+    fleet uses, or (for a process that ``admits``) that lacks the replicas admissions wait
+    for (``rollout_core.durability.start_checks``). The process checks again as it
     starts; this only spares the operator its traceback. A Redis that does not answer now is
     left to that check."""
-    from rollout_core.durability import StartRefused, refuse_data_loss, refuse_too_few_replicas
+    from rollout_core.durability import StartRefused, start_checks
     from rollout_core.store import RecordStore, answers
 
     if not answers(settings.redis_dsn):
@@ -99,9 +100,7 @@ def _refuse_unsafe_redis(settings: FleetSettings, *, admits: bool) -> None:
     async def check() -> None:
         store = RecordStore.connect(settings, max_connections=2)
         try:
-            await refuse_data_loss(store, settings)
-            if admits:
-                await refuse_too_few_replicas(store, settings)
+            await start_checks(store, settings, admits=admits)
         finally:
             await store.aclose()
 

@@ -37,6 +37,7 @@ def probe_gateway(base_url: str, api_key: str | None, timeout: float = 5.0) -> R
                 ("redis", readiness.redis),
                 ("durability", readiness.durability),
                 ("replicas", readiness.replicas),
+                ("queue", readiness.queue),
                 ("get_tools", readiness.get_tools),
             )
             if value != "ok"

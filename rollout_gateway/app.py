@@ -18,7 +18,7 @@ from fastapi.params import Depends as Dependency
 from fastapi.responses import JSONResponse
 
 from rollout_core import tracing
-from rollout_core.durability import RedisWatch, refuse_data_loss, refuse_too_few_replicas
+from rollout_core.durability import RedisWatch, start_checks
 from rollout_core.queue import celery_app
 from rollout_core.secrets import load_secret_box
 from rollout_core.settings import FleetSettings
@@ -100,8 +100,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RecordStore.connect(settings)
-        await refuse_data_loss(store, settings)
-        await refuse_too_few_replicas(store, settings)
+        await start_checks(store, settings, admits=True)
         tools = ToolsRunner(settings.get_tools_threads, settings.get_tools_timeout_seconds)
         gateway = Gateway(
             settings=settings,

@@ -15,7 +15,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from rollout_core.durability import replica_shortfall
+from rollout_core.durability import queue_conflict, replica_shortfall
 from rollout_core.store import StoreError
 from rollout_gateway.state import GatewayDep
 
@@ -41,6 +41,8 @@ class Readiness(BaseModel):
     """``ok``, or how Redis can lose admitted rollouts (checked again after a Redis restart)."""
     replicas: str = "ok"
     """``ok``, or how many replicas are connected of those admissions wait for, and the fix."""
+    queue: str = "ok"
+    """``ok``, or which other fleet (key prefix) uses this fleet's queue, and the fix."""
 
 
 @router.get(
@@ -50,7 +52,7 @@ class Readiness(BaseModel):
         503: {
             "model": Readiness,
             "description": "Redis does not answer, can lose rollouts or lacks the replicas "
-            "admissions wait for, or get_tools hangs",
+            "admissions wait for, another fleet uses its queue, or get_tools hangs",
         }
     },
 )
@@ -67,6 +69,7 @@ async def ready(gateway: GatewayDep) -> JSONResponse:
             workers = await gateway.store.live_workers()
             data_loss = await gateway.watch.data_loss()
             shortfall = await replica_shortfall(gateway.store, gateway.settings)
+            shared = await queue_conflict(gateway.store)
     except (StoreError, TimeoutError) as exc:
         readiness.redis = f"unavailable ({type(exc).__name__})"
         return JSONResponse(readiness.model_dump(), status_code=503)
@@ -74,7 +77,8 @@ async def ready(gateway: GatewayDep) -> JSONResponse:
     readiness.capacity = workers.slots
     readiness.durability = data_loss or "ok"
     readiness.replicas = shortfall or "ok"
-    if data_loss or shortfall:
+    readiness.queue = shared or "ok"
+    if data_loss or shortfall or shared:
         return JSONResponse(readiness.model_dump(), status_code=503)
     if gateway.speaks_v1 and gateway.tools.exhausted:
         readiness.get_tools = gateway.tools.refusal()

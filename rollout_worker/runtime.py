@@ -24,7 +24,7 @@ from wsgiref.simple_server import WSGIServer
 from celery import Celery
 from celery.worker import state as worker_state
 
-from rollout_core.durability import refuse_data_loss
+from rollout_core.durability import start_checks
 from rollout_core.protocols import cancelled_result
 from rollout_core.queue.envelope import task_message
 from rollout_core.secrets import SecretBox, load_secret_box
@@ -106,7 +106,7 @@ class _OnLoop:
         cancel_unstarted: Callable[[RecordKey], Awaitable[None]],
     ) -> _OnLoop:
         store = RecordStore.connect(settings)
-        await refuse_data_loss(store, settings)
+        await start_checks(store, settings, admits=False)
         box = await load_secret_box(store, settings)
         http = HttpClientShards(concurrency, get_settings())
         carriers, speaks = _carriers(agent, settings, http, box)

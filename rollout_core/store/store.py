@@ -764,6 +764,26 @@ class RecordStore:
         reply = await self._redis.brpop([self.queue], timeout=wait_seconds)
         return None if reply is None else str(reply[1])
 
+    async def give_back(self, raw: str) -> None:
+        """Put a message taken off the queue back at the end it is taken from, as it was."""
+        await self._redis.rpush(self.queue, raw)
+
+    @property
+    def queue_owner_key(self) -> str:
+        """The key naming the key prefix of the fleet that uses this queue (beside the queue,
+        outside any fleet's prefix: fleets with different prefixes must all see it)."""
+        return f"_rollout_fleet.queue_owner.{self.queue}"
+
+    async def own_queue(self) -> str:
+        """Register this fleet's key prefix as the queue's user unless another is registered;
+        the prefix registered (ours, or the other fleet's)."""
+        await self._redis.set(self.queue_owner_key, self.keys.prefix, nx=True)
+        return await self.queue_owner() or self.keys.prefix
+
+    async def queue_owner(self) -> str | None:
+        """The key prefix registered as the queue's user, if any."""
+        return cast(str | None, await self._redis.get(self.queue_owner_key))
+
     async def requeue(self, key: RecordKey, message: str) -> bool:
         return bool(await self._run("requeue", [key, self.queue], [message]))
 
