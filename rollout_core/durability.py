@@ -7,7 +7,8 @@ no persistence at all (a restart forgets everything). Every gateway and worker c
 and refuses to run on either, unless the operator says, by a setting nobody sets by accident,
 that losing rollouts is acceptable. A running process checks again whenever Redis was
 restarted since it last looked (its run id changed), so a Redis brought back without
-persistence is noticed: a gateway's ``/ready`` fails naming it.
+persistence is noticed: a gateway's ``/ready`` fails naming it, and gateways and workers log
+it once.
 
 With ``ROLLOUT_FLEET_ADMISSION_REPLICAS`` every admission waits for that many replicas: a
 primary with fewer connected ones answers every admission 503. A gateway refuses to start on
@@ -156,8 +157,9 @@ class RedisWatch:
         run = await self._store.server_run()
         if run != self._checked_run:
             risks = await self._store.data_loss_risks()
-            if risks and run and self._checked_run is not None:
-                logger.error("Redis restarted and can now lose admitted rollouts: %s", risks)
+            accepted = self._settings.allow_redis_data_loss
+            if risks and risks != self._risks and not accepted:
+                logger.error("%s", _data_loss_refusal(risks))
             self._risks, self._checked_run = risks, run
         if not self._risks or self._settings.allow_redis_data_loss:
             return None

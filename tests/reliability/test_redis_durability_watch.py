@@ -1,7 +1,7 @@
 """The Redis data-loss check (``rollout_core/durability.py``) on a running fleet: it ran only
 at start, so a Redis restarted without persistence under a running fleet went unnoticed
-(``/ready`` 200) until the next restart lost every admitted rollout. Real redis-server,
-gateway and worker processes."""
+(``/ready`` 200, nothing logged) until the next restart lost every admitted rollout. Real
+redis-server, gateway and worker processes."""
 
 from __future__ import annotations
 
@@ -53,5 +53,7 @@ def test_a_redis_restarted_without_persistence_unreadies_a_running_fleet(
         assert ready["redis"] == "ok"
         assert "persistence is off" in ready["durability"]
         assert "ROLLOUT_FLEET_ALLOW_REDIS_DATA_LOSS" in ready["durability"]
+        worker = fleet.processes["worker-1"]
+        wait_until(lambda: "persistence is off" in worker.output(), 30, "the worker to say so")
     finally:
         handle.close()
