@@ -272,6 +272,16 @@ class FleetSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _inflight_ttl_beyond_lease(self) -> Self:
+        if self.inflight_ttl_seconds <= self.lease_seconds:
+            raise ValueError(
+                "inflight_ttl_seconds must be above lease_seconds: a running rollout's record "
+                "TTL is renewed with its lease (every third of lease_seconds), so a shorter "
+                "TTL deletes running rollouts between renewals"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _long_poll_within_lease(self) -> Self:
         if self.result_wait_timeout_seconds >= self.polling_lease_timeout_seconds:
             raise ValueError(
