@@ -18,7 +18,7 @@ from fastapi.params import Depends as Dependency
 from fastapi.responses import JSONResponse
 
 from rollout_core import tracing
-from rollout_core.durability import refuse_data_loss
+from rollout_core.durability import RedisWatch, start_checks
 from rollout_core.queue import celery_app
 from rollout_core.secrets import load_secret_box
 from rollout_core.settings import FleetSettings
@@ -100,7 +100,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RecordStore.connect(settings)
-        await refuse_data_loss(store, settings)
+        await start_checks(store, settings, admits=True)
         tools = ToolsRunner(settings.get_tools_threads, settings.get_tools_timeout_seconds)
         gateway = Gateway(
             settings=settings,
@@ -109,6 +109,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
             store=store,
             box=await load_secret_box(store, settings),
             tools=tools,
+            watch=RedisWatch(store, settings),
         )
         app.state.gateway = gateway
         listener = None if speaks_v1 else ChangeListener(store)
