@@ -36,14 +36,15 @@ from tests.harness import CALCULATOR_AGENT, calculator_bodies, start_mock_traine
 TERMINAL = {"success", "failure", "cancelled"}
 
 
-def _holdings(fleet: LocalFleet, store: Any) -> dict[str, int]:
-    counts = dict.fromkeys((n for n in fleet.processes if n.startswith("worker")), 0)
+def _holdings(fleet: LocalFleet, store: Any) -> dict[str, list[str]]:
+    """Each worker's held rollouts' statuses."""
+    held: dict[str, list[str]] = {n: [] for n in fleet.processes if n.startswith("worker")}
     for record in store.zrange(f"{fleet.key_prefix}:leases", 0, -1):
-        execution = store.hget(record, "execution") or ""
-        for name in counts:
-            if f":{fleet.processes[name].pid}:" in execution:
-                counts[name] += 1
-    return counts
+        execution, status = store.hmget(record, "execution", "status")
+        for name, statuses in held.items():
+            if f":{fleet.processes[name].pid}:" in (execution or ""):
+                statuses.append(status or "")
+    return held
 
 
 def run_once(fault: str, seed: int, workdir: Path) -> dict[str, Any]:
@@ -66,15 +67,18 @@ def run_once(fault: str, seed: int, workdir: Path) -> dict[str, Any]:
         faults: list[float] = []
         time.sleep(rng.uniform(0.8, 1.6))
         holdings = _holdings(fleet, store)
-        victim = max(holdings, key=lambda name: holdings[name])
+        victim = max(holdings, key=lambda name: len(holdings[name]))
+        held: list[str] = []
         if fault == "sigstop":
             pid = fleet.processes[victim].pid
+            held += _holdings(fleet, store)[victim]
             faults.append(time.time())
             os.kill(pid, signal.SIGSTOP)
             time.sleep(30)
             os.kill(pid, signal.SIGCONT)
         else:
             for _ in range(2):
+                held += _holdings(fleet, store)[victim]
                 faults.append(time.time())
                 fleet.processes[victim].kill()
                 fleet.restart_dead_workers()
@@ -88,7 +92,10 @@ def run_once(fault: str, seed: int, workdir: Path) -> dict[str, Any]:
                 break
             time.sleep(0.5)
         time.sleep(3)  # a last repeat, if any, lands
-        return _judge(trainer.calls("completed"), store, fleet.key_prefix, keys, faults)
+        figures = _judge(trainer.calls("completed"), store, fleet.key_prefix, keys, faults)
+        figures["held_at_fault"] = len(held)
+        figures["delivering_at_fault"] = held.count("delivering")
+        return figures
     finally:
         fleet.stop()
         mock.stop()

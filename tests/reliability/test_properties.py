@@ -17,6 +17,7 @@ replayed first from then on).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -34,8 +35,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from tests.conftest import StartFleet
-from tests.harness import FleetUnderTest, script
+from tests.conftest import V2_ENV, StartFleet
+from tests.harness import (
+    LEASE_HEADER,
+    SCRIPTED_V2_AGENT,
+    FleetUnderTest,
+    V2FleetUnderTest,
+    script,
+)
 
 EXAMPLES = int(os.environ.get("ROLLOUT_FLEET_PROPERTY_EXAMPLES", "40"))
 MAX_ROLLOUT_SECONDS = 3
@@ -224,3 +231,103 @@ def _check(
         assert FOREIGN_SECRET not in text, (d, text)
         if d.api_key is not None:
             assert d.api_key not in text, (d, text)
+
+
+# --- v2: one terminal result, the same on every poll -------------------------------------------
+
+# A v2 id becomes a URL path segment and a file name: anything but '/', '\' and NUL.
+segment = st.text(
+    st.characters(exclude_categories=["Cs"], exclude_characters="/\\\x00"), max_size=40
+)
+v2_outcome = st.sampled_from(["chat", "raise", "hang", "echo", "grader_raises", "reward_nan"])
+
+
+@dataclass(frozen=True)
+class DrawnV2:
+    rollout_id: str
+    llm_api_key: str | None
+    outcome: str
+    label: str
+
+
+def _v2_metadata(drawn: DrawnV2) -> dict[str, Any]:
+    workflow: dict[str, list[dict[str, Any]]] = {
+        "chat": [{"chat": {}}],
+        "raise": [{"raise": ["ValueError", drawn.label or "boom"]}],
+        "hang": [{"sleep": 60}],
+        "echo": [{"echo": True}],
+        "grader_raises": [{"chat": {}}],
+        "reward_nan": [{"chat": {}}],
+    }
+    grade = {
+        "grader_raises": [{"raise": ["RuntimeError", "grader"]}],
+        "reward_nan": [{"reward": "nan"}],
+    }
+    return {"script": workflow[drawn.outcome], "grade": grade.get(drawn.outcome, [{"reward": 1.0}])}
+
+
+@pytest.fixture(scope="module")
+def v2_fleet(start_fleet: StartFleet) -> Iterator[V2FleetUnderTest]:
+    handle = start_fleet(
+        SCRIPTED_V2_AGENT, workers=2, gateways=2, env=V2_ENV, handle=V2FleetUnderTest
+    )
+    assert isinstance(handle, V2FleetUnderTest)
+    yield handle
+    handle.close()
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=DATABASE,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    batch=st.lists(
+        st.builds(DrawnV2, segment, st.none() | bearer, v2_outcome, any_text),
+        min_size=1,
+        max_size=6,
+    )
+)
+@example(batch=[DrawnV2("rollout-é-1", "sk-drawn-1", "chat", "é\r\n")])
+def test_every_admitted_v2_rollout_has_one_result_every_poll_agrees_on(
+    v2_fleet: V2FleetUnderTest, batch: list[DrawnV2]
+) -> None:
+    fleet = v2_fleet
+    tokens = {}
+    for d in batch:
+        rollout_id = _unique(d.rollout_id, 200)
+        fields: dict[str, Any] = {
+            "metadata": _v2_metadata(d),
+            "label": d.label,
+            "chat_completions_url": f"{fleet.trainer.url}/v1/rollouts/{quote(rollout_id, safe='')}",
+            "agent_timeout_sec": 3,
+        }
+        if d.llm_api_key is not None:
+            fields["llm_api_key"] = d.llm_api_key
+        response = fleet.admit(fleet.body(rollout_id, **fields))
+        assert response.status_code == 202, (d, response.text)
+        tokens[rollout_id] = (d, response.json()["polling_lease_token"])
+    for rollout_id, (d, token) in tokens.items():
+        path = f"/rollout/{quote(rollout_id, safe='')}/result"
+        terminal = []
+        deadline = time.monotonic() + ENDS_WITHIN
+        for client in itertools.cycle([fleet.http, fleet.poller]):
+            response = client.get(path, headers={LEASE_HEADER: token})
+            assert response.status_code == 200, (d, response.text)
+            body = response.json()
+            if body["status"] in TERMINAL:
+                terminal.append(response.text)
+                if len(terminal) == 3:  # each gateway, then the first again
+                    break
+            assert time.monotonic() < deadline, (d, body, fleet.logs())
+        assert len(set(terminal)) == 1, (d, terminal)
+        record = fleet.record(rollout_id)
+        result = json.loads(terminal[0])
+        assert result["status"] == record["status"], (d, result, record)
+        assert record["terminations"] == "1", (d, record)
+        if d.outcome in ("raise", "hang"):
+            assert result["status"] == "failure", (d, result)
+        if d.llm_api_key is not None:
+            for text in (terminal[0], json.dumps(record, ensure_ascii=False)):
+                assert d.llm_api_key not in text, (d, text)
