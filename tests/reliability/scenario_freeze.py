@@ -21,6 +21,7 @@ import os
 import random
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +48,18 @@ def _holdings(fleet: LocalFleet, store: Any) -> dict[str, list[str]]:
     return held
 
 
+def _busiest_once_busy(fleet: LocalFleet, store: Any, least: int = 24) -> str:
+    """The worker holding the most rollouts, once one holds ``least`` (the fault must catch
+    rollouts in flight, whatever the machine's speed)."""
+    deadline = time.monotonic() + 60
+    while True:
+        holdings = _holdings(fleet, store)
+        victim = max(holdings, key=lambda name: len(holdings[name]))
+        if len(holdings[victim]) >= least or time.monotonic() > deadline:
+            return victim
+        time.sleep(0.02)
+
+
 def run_once(fault: str, seed: int, workdir: Path) -> dict[str, Any]:
     rng = random.Random(seed)
     redis_server = RedisServer(appendonly=True, data_dir=workdir / "redis").start()
@@ -65,9 +78,8 @@ def run_once(fault: str, seed: int, workdir: Path) -> dict[str, Any]:
         bodies = calculator_bodies(trainer.url, 400)
         offered = Trainer("v1", fleet.gateway_urls, bodies, pace=2 / len(bodies)).start()
         faults: list[float] = []
-        time.sleep(rng.uniform(0.8, 1.6))
-        holdings = _holdings(fleet, store)
-        victim = max(holdings, key=lambda name: len(holdings[name]))
+        victim = _busiest_once_busy(fleet, store)
+        time.sleep(rng.uniform(0, 0.3))
         held: list[str] = []
         if fault == "sigstop":
             pid = fleet.processes[victim].pid
@@ -156,6 +168,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    # A SIGTERM (a timeout, a supervisor) unwinds like Ctrl-C: every process started stops.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="freeze-") as workdir:
             started = time.monotonic()
