@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,10 +128,18 @@ def check(
         protocol: {i: stage.record_key(protocol, i) for i in trainer.admitted}
         for protocol, trainer in trainers.items()
     }
+    began = time.monotonic()
     statuses = _settle(client, records, deadline)
+    settled = time.monotonic()
     callbacks = _v1_callbacks(stage, set(records["v1"]), nemesis, deadline)
     holders.stop()
+    called = time.monotonic()
     final_polls = _final_polls(stage, trainers["v2"], statuses["v2"])
+    report.figures["check_s"] = {
+        "settle": round(settled - began, 1),
+        "callbacks": round(called - settled, 1),
+        "final_polls": round(time.monotonic() - called, 1),
+    }
     terminations: Counter[str] = Counter()
     excused: Counter[str] = Counter()
     for protocol, keys in records.items():
@@ -248,13 +257,10 @@ def _final_polls(
 ) -> dict[str, list[dict[str, Any]]]:
     """One more poll of every finished v2 rollout whose lease token the trainer holds."""
     gateways = stage.fleets["v2"].gateway_urls
-    polls = {}
-    for rollout_id, token in list(trainer.tokens.items()):
-        if statuses.get(rollout_id) in TERMINAL:
-            result = poll_once(gateways, rollout_id, token)
-            if result is not None:
-                polls[rollout_id] = [result]
-    return polls
+    finished = [(i, token) for i, token in trainer.tokens.items() if statuses.get(i) in TERMINAL]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda one: poll_once(gateways, *one), finished))
+    return {i: [r] for (i, _), r in zip(finished, results, strict=True) if r is not None}
 
 
 def _touched(nemesis: Nemesis, protocol: Protocol, rollout_id: str, accepted_ms: int) -> bool:

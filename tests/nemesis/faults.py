@@ -159,12 +159,17 @@ class Nemesis:
         started = time.monotonic()
         for fault in self.faults:
             time.sleep(max(0.0, fault.at - (time.monotonic() - started)))
-            try:
-                done = getattr(self, f"_{fault.kind}")(fault)
-            except Exception as exc:  # a fault that could not be applied is reported
-                self.errors.append(f"{fault.kind}@{fault.at}: {type(exc).__name__}: {exc}")
-                done = "error"
-            self.log.append({**fault.describe(), "done": done, "epoch": time.time()})
+            self.apply(fault)
+
+    def apply(self, fault: Fault) -> str:
+        """Apply one fault now (its ``at`` aside) and remember it; what it did."""
+        try:
+            done: str = getattr(self, f"_{fault.kind}")(fault)
+        except Exception as exc:  # a fault that could not be applied is reported
+            self.errors.append(f"{fault.kind}@{fault.at}: {type(exc).__name__}: {exc}")
+            done = "error"
+        self.log.append({**fault.describe(), "done": done, "epoch": time.time()})
+        return done
 
     # --- processes ---------------------------------------------------------------------
 

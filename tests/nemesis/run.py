@@ -91,6 +91,7 @@ def run(seed: int, size: Size, workdir: Path | None = None, plant: Plant | None 
     started = time.monotonic()
     report = Report(replay=replay_command(seed, size))
     stage = Stage(workdir, size.sentinel, size.admission_replicas, size.replica_lag).start()
+    report.figures["phases_s"] = {"stage_up": round(time.monotonic() - started, 1)}
     try:
         _exercise(seed, size, stage, report, plant)
     except Exception as exc:  # the figures so far, the violations, the replay: never lost
@@ -99,6 +100,7 @@ def run(seed: int, size: Size, workdir: Path | None = None, plant: Plant | None 
         if report.found:
             report.figures["logs"] = stage.logs(1500)[-20000:]
         stage.stop()
+    report.figures["phases_s"]["stage_down"] = round(time.monotonic() - started, 1)
     report.figures |= {
         "seed": seed,
         "size": size.__dict__,
@@ -148,8 +150,10 @@ def _exercise(seed: int, size: Size, stage: Stage, report: Report, plant: Plant 
                     f"for {len(left)} results: {left[:5]}",
                 )
             trainer.stop()
+        report.figures["phases_s"]["offered"] = round(time.monotonic() - started, 1)  # from load
         window = Window(size.callback_delay, size.replica_lag)
         check(stage, nemesis, trainers, holders, deadline, window, report)
+        report.figures["phases_s"]["checked"] = round(time.monotonic() - started, 1)  # from load
     finally:
         planted.set()
         holders.stop()
