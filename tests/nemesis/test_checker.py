@@ -8,8 +8,9 @@ hands back cleanly). The planted run also:
 * loses a v1 rollout (its record deleted while it runs): ``lost``;
 * leaves a v2 rollout running forever (its record taken by a rogue execution whose lease is
   renewed until the check is done): ``stuck``, and its trainer never finishes: ``unfinished``;
-* rewrites a finished v2 rollout's status and result after its trainer polled it:
-  ``contradicting_result``;
+* rewrites a finished v2 rollout's status and result between its trainer's first terminal
+  poll and its next, then restores them: the record agrees with the first poll (all the
+  checker before this one compared), the polls disagree: ``contradicting_result``;
 * posts three finished v1 rollouts' stored completion bodies to the TrainGate a second time,
   as a rogue worker would: one whose first callback came shortly before the v2 stop, one
   shortly before the SIGTERM, one far from both: ``duplicate_callback`` each. (The first two
@@ -121,20 +122,31 @@ class Planter:
         threading.Thread(target=renew, daemon=True).start()
         return record.split(":", 2)[2]
 
-    @staticmethod
-    def _contradict(client: redis.Redis, trainer: PollingTrainer) -> str:
-        """Rewrite a finished v2 rollout's status and result once its trainer has polled it."""
+    def _contradict(self, client: redis.Redis, trainer: PollingTrainer) -> str:
+        """Between a finished v2 rollout's first terminal poll and its next (a second later),
+        rewrite its status and result; restore them once the next poll has read them. The
+        record and the first poll agree: only the polls contradict each other."""
         for _ in range(400):
-            polled = [i for i, polls in list(trainer.polls.items()) if polls]
+            polled = sorted(i for i, polls in list(trainer.polls.items()) if len(polls) == 1)
             if polled:
                 break
-            time.sleep(0.05)
-        rollout_id = sorted(polled)[0]
+            time.sleep(0.02)
+        rollout_id = polled[0]
         record = f"{PREFIX['v2']}:v2:{rollout_id}"
-        result = json.loads(client.hget(record, "result") or "{}")
+        status, stored = client.hmget(record, "status", "result")
+        result = json.loads(stored or "{}")
         other = "failure" if result.get("status") == "success" else "success"
-        result["status"] = other
-        client.hset(record, mapping={"status": other, "result": json.dumps(result)})
+        rewritten = json.dumps(result | {"status": other})
+        client.hset(record, mapping={"status": other, "result": rewritten})
+        for _ in range(200):
+            if len(trainer.polls[rollout_id]) > 1:
+                break
+            time.sleep(0.02)
+        client.hset(record, mapping={"status": status or "", "result": stored or ""})
+        self.planted["record_as_first_poll"] = (
+            trainer.polls[rollout_id][0] == json.loads(stored or "{}")
+            and len(trainer.polls[rollout_id]) > 1
+        )
         return rollout_id
 
     @staticmethod
@@ -182,6 +194,7 @@ def test_the_checker_reports_each_planted_fault(tmp_path: Path) -> None:
     waited = [v.message for v in report.found if v.kind == "unfinished" and v.protocol == "v2"]
     assert any(planted["stuck"] in message for message in waited), summary  # its trainer
     assert report.ids("contradicting_result") == {planted["contradicting"]}, summary
+    assert planted["record_as_first_poll"], summary  # what the old check compared agreed
     assert report.ids("duplicate_callback") == duplicates, summary
     # The old rule excused the first two: a crash of any kind in its window.
     stopped_at, terminated_at = planted["faults"]
