@@ -29,7 +29,6 @@ REPOLL_AFTER = 1.0  # seconds between a v2 rollout's first terminal poll and the
 class PollingTrainer(Trainer):
     polls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # terminal bodies
     tokens: dict[str, str] = field(default_factory=dict)  # v2 lease tokens
-    stopping: bool = False
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -49,36 +48,21 @@ class PollingTrainer(Trainer):
             return []
         return sorted(self.admitted - self.orphaned - self.results.keys())
 
-    async def _v2(self, http: httpx.AsyncClient, body: dict[str, Any]) -> None:
-        rollout_id = body["rollout_id"]
-        token = await self._admit_v2(http, body)
-        if token is None:
-            return
-        self.tokens[rollout_id] = token
-        attempt = 0
-        while not self.stopping:
-            url = f"{self._gateway(attempt)}/rollout/{rollout_id}/result"
-            try:
-                response = await http.get(url, headers={LEASE_HEADER: token})
-            except httpx.TransportError:
-                self.broken_connections += 1
-                attempt += 1
-                await asyncio.sleep(0.1)
-                continue
-            if response.status_code in (502, 503, 504):
-                attempt += 1
-                await asyncio.sleep(0.25)
-                continue
-            if response.status_code != 200:
-                raise AssertionError(f"poll answered {response.status_code}: {response.text}")
-            result: dict[str, Any] = response.json()
-            if result["status"] in TERMINAL:
-                polls = self.polls.setdefault(rollout_id, [])
-                polls.append(result)
-                self.results.setdefault(rollout_id, result)
-                if len(polls) > 1:
-                    return
-                await asyncio.sleep(REPOLL_AFTER)
+    async def _admit_v2(self, http: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
+        token = await super()._admit_v2(http, body)
+        if token is not None:
+            self.tokens[body["rollout_id"]] = token
+        return token
+
+    async def _terminal(self, rollout_id: str, result: dict[str, Any]) -> bool:
+        """Every terminal poll is kept; the first is followed by one more, a second later."""
+        polls = self.polls.setdefault(rollout_id, [])
+        polls.append(result)
+        self.results.setdefault(rollout_id, result)
+        if len(polls) > 1:
+            return True
+        await asyncio.sleep(REPOLL_AFTER)
+        return False
 
 
 def poll_once(gateways: list[str], rollout_id: str, token: str) -> dict[str, Any] | None:

@@ -50,15 +50,9 @@ class Planter:
         self.planted: dict[str, Any] = {}
         self.errors: list[str] = []
 
-    def __call__(
-        self,
-        stage: Stage,
-        trainers: dict[Protocol, PollingTrainer],
-        nemesis: Nemesis,
-        done: threading.Event,
-    ) -> None:
+    def __call__(self, *stage_trainers_nemesis_done: Any) -> None:
         try:
-            self._plant(stage, trainers, nemesis, done)
+            self._plant(*stage_trainers_nemesis_done)
         except Exception as exc:
             self.errors.append(f"{type(exc).__name__}: {exc}")
 
