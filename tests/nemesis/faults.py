@@ -250,6 +250,7 @@ class Nemesis:
         fleet = self.stage.fleets[fault.protocol]
         index = 1 + fault.index % 2
         name = "gateway" if index == 1 else f"gateway-{index}"
+        self._crash("gateway_kill", fault.protocol, name, fleet.processes[name].pid)
         fleet.processes[name].kill()
         time.sleep(0.5 + fault.pick)
         fleet.processes.pop(name).stop()
