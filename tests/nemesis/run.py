@@ -109,7 +109,8 @@ def run(seed: int, size: Size, workdir: Path | None = None, plant: Plant | None 
         "replay": report.replay,
     }
     FIGURES.mkdir(parents=True, exist_ok=True)
-    name = _figures_name(seed, size) if plant is None else f"planted-{seed}.json"
+    label = getattr(plant, "label", "planted")  # the checker's test: planted or clean
+    name = _figures_name(seed, size) if plant is None else f"{label}-{seed}.json"
     (FIGURES / name).write_text(json.dumps(report.figures, indent=1, default=str))
     return report
 

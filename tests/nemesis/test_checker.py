@@ -47,6 +47,7 @@ class Planter:
 
     def __init__(self, breaks: bool) -> None:
         self.breaks = breaks
+        self.label = "planted" if breaks else "clean"  # names the run's figures file
         self.planted: dict[str, Any] = {}
         self.errors: list[str] = []
 
