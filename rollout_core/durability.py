@@ -1,11 +1,24 @@
-"""Refusing a Redis that can lose admitted rollouts.
+"""Refusing a Redis that can lose admitted rollouts, or that cannot confirm them.
 
 Two settings of Redis lose work the fleet has acknowledged, silently: an eviction policy other
 than ``noeviction`` (the records carry TTLs, so under memory pressure Redis drops them while
 their queue messages survive: the claim finds nothing and the trainer never hears back), and
 no persistence at all (a restart forgets everything). Every gateway and worker checks at start
 and refuses to run on either, unless the operator says, by a setting nobody sets by accident,
-that losing rollouts is acceptable.
+that losing rollouts is acceptable. A running process checks again whenever Redis was
+restarted since it last looked (its run id changed), so a Redis brought back without
+persistence is noticed: a gateway's ``/ready`` fails naming it, and gateways and workers log
+it once.
+
+With ``ROLLOUT_FLEET_ADMISSION_REPLICAS`` every admission waits for that many replicas: a
+primary with fewer connected ones answers every admission 503. A gateway refuses to start on
+one, and its ``/ready`` fails while it lasts (a replica outage), naming both counts and the
+setting.
+
+Fleets with different key prefixes on one Redis database must not share a queue name: each
+one's workers would take the other's messages. Each fleet registers its prefix for its queue
+at start (a key beside the queue); a process whose queue another prefix holds refuses to
+start, and a gateway's ``/ready`` fails if that changes while it runs.
 """
 
 from __future__ import annotations
@@ -13,21 +26,38 @@ from __future__ import annotations
 import logging
 
 from rollout_core.settings import FleetSettings
-from rollout_core.store import RecordStore, StoreUnavailable
+from rollout_core.store import RecordStore, StoreReplyError, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
 OVERRIDE = "ROLLOUT_FLEET_ALLOW_REDIS_DATA_LOSS"
+REPLICAS_SETTING = "ROLLOUT_FLEET_ADMISSION_REPLICAS"
 
 
-class RedisLosesData(RuntimeError):
+class StartRefused(RuntimeError):
+    """This Redis cannot serve the fleet as configured; the message is one line naming the
+    problem and its fix."""
+
+
+class RedisLosesData(StartRefused):
     """Redis is configured to drop admitted rollouts; the message names each risk and its fix."""
+
+
+class TooFewReplicas(StartRefused):
+    """The primary has fewer connected replicas than admissions wait for."""
+
+
+def _data_loss_refusal(risks: list[str]) -> str:
+    return (
+        f"Redis can lose admitted rollouts: {'; '.join(risks)}. To run anyway, accepting the "
+        f"loss, set {OVERRIDE}=true."
+    )
 
 
 async def refuse_data_loss(store: RecordStore, settings: FleetSettings) -> None:
     """Raise :class:`RedisLosesData` if Redis can lose admitted rollouts (a loud warning
     instead with the override). A Redis that does not answer yet is checked by the next
-    process to start: refusing to start would not make it answer."""
+    process to start, and by this one once it answers (:class:`RedisWatch`)."""
     try:
         risks = await store.data_loss_risks()
     except StoreUnavailable as exc:
@@ -35,14 +65,118 @@ async def refuse_data_loss(store: RecordStore, settings: FleetSettings) -> None:
         return
     if not risks:
         return
-    report = "; ".join(risks)
     if settings.allow_redis_data_loss:
-        logger.warning("Redis can lose admitted rollouts (%s=true): %s", OVERRIDE, report)
+        logger.warning("Redis can lose admitted rollouts (%s=true): %s", OVERRIDE, "; ".join(risks))
         return
-    raise RedisLosesData(
-        f"refusing to run: Redis can lose admitted rollouts: {report}. To run anyway, "
-        f"accepting the loss, set {OVERRIDE}=true."
+    raise RedisLosesData(f"refusing to run: {_data_loss_refusal(risks)}")
+
+
+async def replica_shortfall(store: RecordStore, settings: FleetSettings) -> str | None:
+    """Why admissions cannot be confirmed by enough replicas, with the fix; None if they can."""
+    required = settings.admission_replicas
+    if not required:
+        return None
+    connected = await store.connected_replicas()
+    if connected >= required:
+        return None
+    return (
+        f"{connected} of the {required} replicas {REPLICAS_SETTING} requires are connected to "
+        f"the Redis primary, so every admission answers 503: start or reconnect replicas, or "
+        f"set {REPLICAS_SETTING}={connected} (at most the replicas that run)"
     )
 
 
-__all__ = ["OVERRIDE", "RedisLosesData", "refuse_data_loss"]
+async def refuse_too_few_replicas(store: RecordStore, settings: FleetSettings) -> None:
+    """Raise :class:`TooFewReplicas` if the primary has fewer replicas than admissions need
+    (a Redis that does not answer yet: the gateway's ``/ready`` says so once it does)."""
+    try:
+        shortfall = await replica_shortfall(store, settings)
+    except StoreUnavailable as exc:
+        logger.warning("Redis did not answer the replica check at start: %r", exc)
+        return
+    if shortfall is not None:
+        raise TooFewReplicas(f"refusing to run: {shortfall}")
+
+
+class SharedQueue(StartRefused):
+    """Another fleet (another key prefix) uses this fleet's queue."""
+
+
+async def queue_conflict(store: RecordStore) -> str | None:
+    """Why this fleet's queue is not its own, with the fix; None if it is (registering it for
+    this fleet's prefix if nobody holds it). A Redis whose ACL forbids the registration key
+    cannot tell: None, with a warning."""
+    try:
+        owner = await store.own_queue()
+    except StoreReplyError as exc:
+        logger.warning("cannot register the queue's key prefix in Redis (%s): not checked", exc)
+        return None
+    if owner == store.keys.prefix:
+        return None
+    return (
+        f"the queue {store.queue!r} is used by the fleet with key prefix {owner!r}, and this "
+        f"one has {store.keys.prefix!r}: their workers would take each other's rollouts. Give "
+        "each fleet its own ROLLOUT_FLEET_QUEUE (or the same ROLLOUT_FLEET_KEY_PREFIX if they "
+        f"are one fleet); if that fleet is gone, delete the Redis key {store.queue_owner_key}"
+    )
+
+
+async def refuse_shared_queue(store: RecordStore) -> None:
+    """Raise :class:`SharedQueue` if another key prefix holds this fleet's queue."""
+    try:
+        conflict = await queue_conflict(store)
+    except StoreUnavailable as exc:
+        logger.warning("Redis did not answer the queue check at start: %r", exc)
+        return
+    if conflict is not None:
+        raise SharedQueue(f"refusing to run: {conflict}")
+
+
+async def start_checks(store: RecordStore, settings: FleetSettings, *, admits: bool) -> None:
+    """Every check a process makes of Redis before it serves (:class:`StartRefused` if one
+    fails); ``admits``: a gateway, which also needs the replicas admissions wait for."""
+    await refuse_data_loss(store, settings)
+    await refuse_shared_queue(store)
+    if admits:
+        await refuse_too_few_replicas(store, settings)
+
+
+class RedisWatch:
+    """A running process's view of Redis's durability: the data-loss check, run again only
+    when Redis restarted since the last one (a cheap ``INFO server`` tells)."""
+
+    def __init__(self, store: RecordStore, settings: FleetSettings) -> None:
+        self._store = store
+        self._settings = settings
+        self._checked_run: str | None = None
+        self._risks: list[str] = []
+
+    async def data_loss(self) -> str | None:
+        """Why Redis can now lose admitted rollouts, with the fix; None if it cannot (or the
+        override accepts it). Raises the store's errors when Redis does not answer."""
+        run = await self._store.server_run()
+        if run != self._checked_run:
+            risks = await self._store.data_loss_risks()
+            accepted = self._settings.allow_redis_data_loss
+            if risks and risks != self._risks and not accepted:
+                logger.error("%s", _data_loss_refusal(risks))
+            self._risks, self._checked_run = risks, run
+        if not self._risks or self._settings.allow_redis_data_loss:
+            return None
+        return _data_loss_refusal(self._risks)
+
+
+__all__ = [
+    "OVERRIDE",
+    "RedisLosesData",
+    "RedisWatch",
+    "SharedQueue",
+    "StartRefused",
+    "TooFewReplicas",
+    "queue_conflict",
+    "refuse_data_loss",
+    "refuse_shared_queue",
+    "refuse_too_few_replicas",
+    "replica_shortfall",
+    "start_checks",
+]

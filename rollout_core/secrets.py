@@ -48,13 +48,25 @@ class SecretBox:
 
 
 async def load_secret_box(store: RecordStore, settings: FleetSettings) -> SecretBox:
-    """The configured key, else the fleet's generated one (created by whoever asks first)."""
+    """The configured key, else the fleet's generated one (created by whoever asks first).
+    A fleet that ran on a generated key and is then given its own (as the warning asks) still
+    opens what the generated key sealed: it is always tried after the configured ones, so
+    the rollouts queued before the change run."""
     if settings.secret_key is not None:
-        return SecretBox(settings.secret_key.get_secret_value())
+        configured = settings.secret_key.get_secret_value()
+        generated = await store.generated_secret_key()
+        if generated is None:
+            return SecretBox(configured)
+        logger.info(
+            "the key this fleet generated before ROLLOUT_FLEET_SECRET_KEY was set still opens "
+            "what it sealed (it never seals again)"
+        )
+        return SecretBox(f"{configured},{generated}")
     stored = await store.fleet_secret_key(Fernet.generate_key().decode("ascii"))
     logger.warning(
         "ROLLOUT_FLEET_SECRET_KEY is not set: trainer API keys are sealed with a key kept in "
-        "Redis (obfuscation only). Set it to a Fernet key for real protection."
+        "Redis (obfuscation only). Set it to a Fernet key for real protection; rollouts "
+        "already sealed with the generated key stay readable."
     )
     return SecretBox(stored)
 

@@ -8,13 +8,22 @@ configure the fleet the way they configured a single rollout server.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from functools import cached_property
 from typing import Annotated, Literal, Self
 
 import httpx
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rollout_sdk.config import get_settings
@@ -22,6 +31,30 @@ from rollout_sdk.config import get_settings
 # A Redis command that has not answered within this long is given up (and retried on a new
 # connection) by the record store; a WAIT for replicas must end well before it.
 REDIS_COMMAND_TIMEOUT_SECONDS = 3.0
+
+# Every duration setting: a finite number of seconds between these (Redis keeps times in whole
+# milliseconds, so less than 1 ms would become 0, and a year is past any sensible wait or TTL).
+MIN_DURATION_SECONDS = 0.001
+MAX_DURATION_SECONDS = 365 * 86_400.0
+
+
+def _duration(seconds: float, *, zero_allowed: bool) -> float:
+    if zero_allowed and seconds == 0:
+        return seconds
+    if not (math.isfinite(seconds) and MIN_DURATION_SECONDS <= seconds <= MAX_DURATION_SECONDS):
+        allowed = "0, or " if zero_allowed else ""
+        raise PydanticCustomError(
+            "duration",
+            f"must be {allowed}a finite number of seconds from {MIN_DURATION_SECONDS:g} (1 ms) "
+            f"to {MAX_DURATION_SECONDS:.0f} (365 days)",
+        )
+    return seconds
+
+
+# A duration in seconds: finite, at least 1 ms, at most a year. Every duration setting is one.
+Duration = Annotated[float, AfterValidator(lambda s: _duration(s, zero_allowed=False))]
+# The same, or 0 (which the setting documents as "none" or "no limit").
+DurationOrZero = Annotated[float, AfterValidator(lambda s: _duration(s, zero_allowed=True))]
 
 
 class FleetSettings(BaseSettings):
@@ -56,9 +89,8 @@ class FleetSettings(BaseSettings):
         description="Run on a Redis that can lose admitted rollouts (an eviction policy other "
         "than noeviction, or no persistence); without it every gateway and worker refuses.",
     )
-    drain_fence_seconds: float = Field(
+    drain_fence_seconds: Duration = Field(
         3600,
-        gt=0,
         description="How long a v2 POST /drain fences admissions fleet-wide unless lifted "
         "(DELETE /drain) or renewed by another drain.",
     )
@@ -78,9 +110,8 @@ class FleetSettings(BaseSettings):
         "this many replicas hold it (Redis WAIT), so it survives a failover; 0: the primary's "
         "word is enough.",
     )
-    admission_replica_timeout_seconds: float = Field(
+    admission_replica_timeout_seconds: Duration = Field(
         1.0,
-        gt=0,
         le=REDIS_COMMAND_TIMEOUT_SECONDS - 1,
         description="How long an admission (or a result) waits for admission_replicas; past it "
         f"the trainer gets 503 and retries. At most {REDIS_COMMAND_TIMEOUT_SECONDS - 1:g} s: a "
@@ -97,52 +128,46 @@ class FleetSettings(BaseSettings):
         description="Rollouts one worker process runs at once "
         "(default: OSMOSIS_ROLLOUT_SERVER_MAX_CONCURRENT_ROLLOUTS, 100).",
     )
-    record_ttl_seconds: float | None = Field(
+    record_ttl_seconds: Duration | None = Field(
         None,
-        gt=0,
         description="How long a finished rollout's record (and idempotency key) is kept "
         "(default: OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS, 3600).",
     )
-    result_wait_timeout_seconds: float = Field(
-        30, gt=0, description="v2: longest a result long-poll waits for a status change."
+    result_wait_timeout_seconds: Duration = Field(
+        30, description="v2: longest a result long-poll waits for a status change."
     )
-    polling_lease_timeout_seconds: float = Field(
-        120, gt=0, description="v2: a rollout nobody polls for this long fails as lease_expired."
+    polling_lease_timeout_seconds: Duration = Field(
+        120, description="v2: a rollout nobody polls for this long fails as lease_expired."
     )
-    result_retention_seconds: float = Field(
+    result_retention_seconds: Duration = Field(
         900,
-        gt=0,
         description="v2: how long a finished result stays readable (then 404, id reusable).",
     )
     max_queued: int = Field(
         10_000, ge=1, description="v2: queued rollouts beyond which admission answers 429."
     )
-    inflight_ttl_seconds: float = Field(
+    inflight_ttl_seconds: Duration = Field(
         86_400,
-        gt=0,
         description="Safety TTL of a queued or running record (renewed while it waits).",
     )
-    lease_seconds: float = Field(
-        15, gt=0, description="A worker holds a rollout this long without renewing it."
+    lease_seconds: Duration = Field(
+        15, description="A worker holds a rollout this long without renewing it."
     )
-    sweep_interval_seconds: float = Field(
-        5, gt=0, description="How often workers look for rollouts whose worker died."
+    sweep_interval_seconds: Duration = Field(
+        5, description="How often workers look for rollouts whose worker died."
     )
-    shutdown_grace_seconds: float = Field(
+    shutdown_grace_seconds: DurationOrZero = Field(
         60,
-        ge=0,
         description="A stopping worker lets running rollouts finish this long, then hands "
         "the rest back to the queue for other workers.",
     )
-    max_rollout_seconds: float = Field(
+    max_rollout_seconds: DurationOrZero = Field(
         3600,
-        ge=0,
         description="Longest a rollout may run on a worker before it is failed as timed out "
         "(0: no limit). Guards against agents that never return.",
     )
-    loop_stall_seconds: float | None = Field(
+    loop_stall_seconds: Duration | None = Field(
         None,
-        gt=0,
         description="A worker whose event loop is blocked this long (an agent making a "
         "blocking call) fails that rollout, hands its others back and restarts. Must be "
         "below lease_seconds; default two thirds of it.",
@@ -166,8 +191,8 @@ class FleetSettings(BaseSettings):
     max_request_bytes: int = Field(
         16 * 2**20, ge=1024, description="Request bodies larger than this get 413."
     )
-    get_tools_timeout_seconds: float = Field(
-        10, gt=0, description="Limit on the agent's get_tools() during admission."
+    get_tools_timeout_seconds: Duration = Field(
+        10, description="Limit on the agent's get_tools() during admission."
     )
     get_tools_threads: int = Field(16, ge=1, description="Threads running get_tools() per gateway.")
     secret_key: SecretStr | None = Field(
@@ -243,6 +268,16 @@ class FleetSettings(BaseSettings):
             raise ValueError(
                 "loop_stall_seconds must be below lease_seconds: a worker must notice its "
                 "blocked loop before other workers take its rollouts over"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _inflight_ttl_beyond_lease(self) -> Self:
+        if self.inflight_ttl_seconds <= self.lease_seconds:
+            raise ValueError(
+                "inflight_ttl_seconds must be above lease_seconds: a running rollout's record "
+                "TTL is renewed with its lease (every third of lease_seconds), so a shorter "
+                "TTL deletes running rollouts between renewals"
             )
         return self
 

@@ -85,6 +85,32 @@ def _check_settings() -> FleetSettings:
         raise typer.Exit(2) from None
 
 
+def _refuse_unsafe_redis(settings: FleetSettings, *, admits: bool) -> None:
+    """Refuse, in one line, a Redis that can lose admitted rollouts, whose queue another
+    fleet uses, or (for a process that ``admits``) that lacks the replicas admissions wait
+    for (``rollout_core.durability.start_checks``). The process checks again as it
+    starts; this only spares the operator its traceback. A Redis that does not answer now is
+    left to that check."""
+    from rollout_core.durability import StartRefused, start_checks
+    from rollout_core.store import RecordStore, answers
+
+    if not answers(settings.redis_dsn):
+        return
+
+    async def check() -> None:
+        store = RecordStore.connect(settings, max_connections=2)
+        try:
+            await start_checks(store, settings, admits=admits)
+        finally:
+            await store.aclose()
+
+    try:
+        asyncio.run(check())
+    except StartRefused as exc:
+        console.print(f"[red]{exc}[/red]", soft_wrap=True, markup=True, highlight=False)
+        raise typer.Exit(2) from None
+
+
 @probe.command("gateway")
 def probe_gateway(
     port: Annotated[int, typer.Option(help="Gateway port")] = 8000,
@@ -148,6 +174,7 @@ def gateway(
     if refusal is not None:
         console.print(f"[red]{refusal}[/red]", soft_wrap=True)
         raise typer.Exit(2)
+    _refuse_unsafe_redis(settings, admits=True)
     if workers > 1 and settings.agent:
         # uvicorn restarts a process that fails to start, for ever: an agent that cannot
         # load stops the gateway here instead, in one line, as it stops a worker.
@@ -192,6 +219,8 @@ def worker(
     _check_settings()
     from rollout_core.queue.celery_app import settings
     from rollout_worker.tasks import run_worker
+
+    _refuse_unsafe_redis(settings, admits=False)
 
     run_worker(
         [

@@ -31,7 +31,18 @@ def probe_gateway(base_url: str, api_key: str | None, timeout: float = 5.0) -> R
         raise ProbeFailed(f"gateway at {base_url} answered {response.status_code}")
     readiness = Readiness.model_validate_json(response.content)
     if not readiness.ready:
-        raise ProbeFailed(f"gateway not ready: redis {readiness.redis}")
+        problems = [
+            f"{name} {value}"
+            for name, value in (
+                ("redis", readiness.redis),
+                ("durability", readiness.durability),
+                ("replicas", readiness.replicas),
+                ("queue", readiness.queue),
+                ("get_tools", readiness.get_tools),
+            )
+            if value != "ok"
+        ]
+        raise ProbeFailed(f"gateway not ready: {'; '.join(problems) or 'unknown'}")
     return readiness
 
 

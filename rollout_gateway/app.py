@@ -18,13 +18,13 @@ from fastapi.params import Depends as Dependency
 from fastapi.responses import JSONResponse
 
 from rollout_core import tracing
-from rollout_core.durability import refuse_data_loss
+from rollout_core.durability import RedisWatch, start_checks
 from rollout_core.queue import celery_app
 from rollout_core.secrets import load_secret_box
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore, StoreFull, StoreReplyError, StoreUnavailable
 from rollout_gateway import lookup, metrics, ready
-from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit
+from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit, OpenBindRefusal
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
 from rollout_gateway.tools import ToolsRunner
@@ -100,7 +100,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RecordStore.connect(settings)
-        await refuse_data_loss(store, settings)
+        await start_checks(store, settings, admits=True)
         tools = ToolsRunner(settings.get_tools_threads, settings.get_tools_timeout_seconds)
         gateway = Gateway(
             settings=settings,
@@ -109,6 +109,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
             store=store,
             box=await load_secret_box(store, settings),
             tools=tools,
+            watch=RedisWatch(store, settings),
         )
         app.state.gateway = gateway
         listener = None if speaks_v1 else ChangeListener(store)
@@ -135,7 +136,11 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     app.add_exception_handler(StoreReplyError, _store_full)
     api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     _routes(app, speaks_v1, api_key)
-    app.add_middleware(metrics.CountAdmissions)  # outermost: counts every answer
+    app.add_middleware(metrics.CountAdmissions)  # counts every answer
+    # outermost: refuses before anything starts
+    app.add_middleware(
+        OpenBindRefusal, has_key=api_key is not None, insecure_open=settings.insecure_open_gateway
+    )
     if settings.tracing:
         tracing.setup("rollout-gateway", app)
     return app

@@ -8,12 +8,16 @@ workers send requests to any host their network reaches (SSRF). With
 prefixes: same scheme, host and port, and a path at or below the prefix's path. Whatever the
 list says, a trainer URL is refused if it carries a query or fragment (the fleet appends paths
 to it: ``?x=`` would turn them into a parameter and aim the worker at any path of the host),
-or names a link-local or cloud-metadata address (where instance credentials are served).
+or names a link-local or cloud-metadata address (where instance credentials are served) in
+any form a resolver reads, or an address in ``OSMOSIS_ROLLOUT_CLIENT_REFUSED_NETWORKS``: the
+SDK's destination policy, which the workers' clients check again on every address they
+connect to (a name is only checked there, as it resolves).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,14 +27,11 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rollout_sdk.client.destinations import refused_host
+from rollout_sdk.config import get_settings
 from rollout_sdk.server.http import ErrorDetail
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-# Cloud metadata services outside the link-local ranges, by address and by name.
-METADATA_ADDRESSES = frozenset(
-    {ipaddress.ip_address("100.100.100.200"), ipaddress.ip_address("fd00:ec2::254")}
-)
-METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "metadata.goog"})
 
 
 def _origin_and_path(url: httpx.URL) -> tuple[str, str, int | None, str]:
@@ -59,16 +60,7 @@ def never_called(url: str) -> str | None:
         return "is not a URL"
     if parsed.query or parsed.fragment or "?" in url or "#" in url:
         return "carries a query or fragment (the fleet appends paths to a trainer URL)"
-    host = parsed.host.lower().rstrip(".")
-    if host in METADATA_NAMES:
-        return "names a cloud metadata service"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    if address.is_link_local or address in METADATA_ADDRESSES:
-        return "is a link-local or cloud-metadata address"
-    return None
+    return refused_host(parsed.host, get_settings().client.refused_networks)
 
 
 def check_trainer_url(field: str, url: str, allowed: Sequence[str]) -> None:
@@ -106,6 +98,57 @@ def open_bind_refusal(host: str, has_key: bool, insecure_open: bool) -> str | No
         "as 'Authorization: Bearer <key>'), bind 127.0.0.1, or, on a network where every "
         "client is trusted, set ROLLOUT_FLEET_INSECURE_OPEN_GATEWAY=true."
     )
+
+
+def served_host() -> str | None:
+    """The address the ASGI server running this process listens on, when it says: uvicorn
+    (alone, or each of ``--workers``) keeps its config on the signal handler it installs
+    before it starts the app. A Unix socket counts as loopback; None: not known (another
+    server, or an inherited file descriptor)."""
+    server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    config = getattr(server, "config", None)
+    if config is None or getattr(config, "fd", None) is not None:
+        return None
+    if getattr(config, "uds", None):
+        return "localhost"
+    host = getattr(config, "host", None)
+    return host if isinstance(host, str) else None
+
+
+class OpenBindRefusal:
+    """The gateway app refuses to serve without a server key on a non-loopback address,
+    however it is started (``rollout-fleet gateway`` checks first, with the same function).
+    Where the server's address is known its startup fails, in one line and no traceback;
+    where it is not, a request that arrived on a non-loopback address gets 503 and the same
+    line, instead of an answer."""
+
+    def __init__(self, app: ASGIApp, has_key: bool, insecure_open: bool) -> None:
+        self.app = app
+        self._has_key = has_key
+        self._insecure_open = insecure_open
+        self._host: str | None = None
+
+    def _refusal(self, host: str) -> str | None:
+        return open_bind_refusal(host, self._has_key, self._insecure_open)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._has_key or self._insecure_open:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "lifespan":
+            self._host = served_host()
+            refusal = self._refusal(self._host) if self._host is not None else None
+            if refusal is not None:
+                await receive()  # lifespan.startup: the server logs the message and exits
+                await send({"type": "lifespan.startup.failed", "message": refusal})
+                return
+        elif scope["type"] == "http" and self._host is None:
+            server = scope.get("server")
+            refusal = self._refusal(server[0]) if server and server[1] is not None else None
+            if refusal is not None:
+                await JSONResponse({"detail": refusal}, status_code=503)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -154,4 +197,11 @@ class BodySizeLimit:
         await self.app(scope, limited, send)
 
 
-__all__ = ["ERROR_RESPONSES", "BodySizeLimit", "check_trainer_url", "is_under"]
+__all__ = [
+    "ERROR_RESPONSES",
+    "BodySizeLimit",
+    "OpenBindRefusal",
+    "check_trainer_url",
+    "is_under",
+    "open_bind_refusal",
+]

@@ -8,6 +8,7 @@ from typing import Annotated
 from celery import Celery
 from fastapi import Depends, Request
 
+from rollout_core.durability import RedisWatch
 from rollout_core.secrets import SecretBox
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore
@@ -26,6 +27,7 @@ class Gateway:
     store: RecordStore
     box: SecretBox
     tools: ToolsRunner
+    watch: RedisWatch
 
     @property
     def speaks_v1(self) -> bool:

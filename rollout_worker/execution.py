@@ -89,19 +89,59 @@ class Refusal:
         return cls(Verdict.ABANDONED, message)
 
 
-@dataclass(frozen=True)
 class Lease:
     """One execution's hold on one rollout; every state change through it checks the hold.
 
     The lease belongs to the execution, not the worker process: when a lease lapses while its
     execution still runs and the same process claims the rollout again, the stale execution
     must not be able to renew, finish or hand back the new one.
+
+    It also knows, on the monotonic clock, until when the hold was last confirmed (the claim,
+    then each heartbeat renewal), so a step that must not happen without it (a v1 callback
+    POST) can check it for free while the heartbeat keeps up, and asks Redis only once that
+    time is near: after the process was frozen or its loop stalled past a renewal.
     """
 
-    store: RecordStore
-    key: RecordKey
-    execution: str
-    retention_seconds: float
+    def __init__(
+        self,
+        store: RecordStore,
+        key: RecordKey,
+        execution: str,
+        retention_seconds: float,
+        settings: FleetSettings,
+        confirmed_until: float,
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.execution = execution
+        self.retention_seconds = retention_seconds
+        self._settings = settings
+        self.confirmed_until = confirmed_until  # monotonic seconds
+        self.lost = False  # set once any renewal found it held by another execution
+
+    def renewed(self, asked_at: float) -> None:
+        """A renewal sent at ``asked_at`` (monotonic) found the lease still held."""
+        self.confirmed_until = max(self.confirmed_until, asked_at + self._settings.lease_seconds)
+
+    async def confirm(self) -> bool:
+        """Whether this execution still holds the rollout. Free while at least half a lease is
+        left since the last confirmation; otherwise one renewal in Redis (which also extends
+        it). False once the lease is known lost."""
+        if self.lost:
+            return False
+        now = time.monotonic()
+        if now < self.confirmed_until - self._settings.lease_seconds / 2:
+            return True
+        lost, _ = await self.store.renew(
+            {self.execution: self.key},
+            self._settings.lease_seconds,
+            self._settings.inflight_ttl_seconds,
+        )
+        if lost:
+            self.lost = True
+            return False
+        self.renewed(now)
+        return True
 
     async def advance(
         self,
@@ -113,7 +153,7 @@ class Lease:
     ) -> Advance:
         """Move the rollout to ``status`` (``cancelled_result`` instead of a success if its
         cancellation was requested); ``Advance.LOST`` if the lease was lost."""
-        return await self.store.advance(
+        advanced = await self.store.advance(
             self.key,
             self.execution,
             status,
@@ -122,6 +162,9 @@ class Lease:
             cancelled_result=cancelled_result,
             fields=fields,
         )
+        if advanced is Advance.LOST:
+            self.lost = True
+        return advanced
 
 
 class Carrier(Interface):
@@ -189,6 +232,7 @@ class Executor:
 
     async def _execute(self, key: RecordKey, task_id: str) -> str:
         execution = f"{self.worker}:{uuid.uuid4().hex[:8]}"
+        asked_at = time.monotonic()
         claim = await self.store.claim(
             key,
             execution,
@@ -209,11 +253,18 @@ class Executor:
             metrics.QUEUE_WAIT.labels(protocol).observe(claim.since_accepted)
         started = time.monotonic()
         metrics.INFLIGHT.inc()
+        carrier = self._carriers[protocol]
+        lease = Lease(
+            self.store,
+            key,
+            execution,
+            carrier.retention_seconds,
+            self._settings,
+            asked_at + self._settings.lease_seconds,
+        )
         # Registered only inside the try: whatever fails, the heartbeat stops renewing it.
-        self._executions[execution] = _Execution(key, task, task_id)
+        self._executions[execution] = _Execution(key, task, task_id, lease)
         try:
-            carrier = self._carriers[protocol]
-            lease = Lease(self.store, key, execution, carrier.retention_seconds)
             refusal = Refusal.of(claim) or Refusal.foreign(protocol, self._speaks)
             with tracing.execution(claim.record, self.store.keys.record_id(key)):
                 status = await self._carry(carrier, claim, refusal, lease)
@@ -238,6 +289,15 @@ class Executor:
         except UnreadableRecord as exc:  # running it again cannot help: it fails, once
             logger.error("%s: the record cannot be read: %s", lease.key, exc)  # noqa: TRY400
             return await carrier.fail(claim, f"the rollout's record cannot be read: {exc}", lease)
+        except StoreError:
+            raise  # Redis trouble passes; the rollout is taken over once its lease lapses
+        except Exception as exc:
+            # A fault of the fleet's own on this rollout (the agent's errors are results
+            # already): another attempt would most likely fail the same way, so it ends now,
+            # once, saying why, instead of being retried until its attempts run out.
+            logger.exception("%s: the worker failed carrying it", lease.key)
+            message = f"the worker failed carrying this rollout: {type(exc).__name__}"
+            return await carrier.fail(claim, message, lease)
 
     @staticmethod
     async def _keep_trajectory(sink: TrajectorySink, key: RecordKey) -> None:
@@ -297,14 +357,20 @@ class Executor:
     async def renew_leases(self) -> None:
         """Extend the lease of every execution running here; cancel the ones that lost it and
         the ones whose cancellation was requested (in case its stop message was missed)."""
+        asked = dict(self._executions)
+        asked_at = time.monotonic()
         lost, stop = await self.store.renew(
-            {execution: e.key for execution, e in self._executions.items()},
+            {execution: e.key for execution, e in asked.items()},
             self._settings.lease_seconds,
             self._settings.inflight_ttl_seconds,
         )
+        for execution, held in asked.items():
+            if execution not in lost:
+                held.lease.renewed(asked_at)
         for execution in lost:
             running = self._executions.get(execution)
             if running is not None:
+                running.lease.lost = True  # first: the cancel reads it
                 running.task.cancel()
                 metrics.WORKER_LEASES_LOST.inc()
                 logger.warning("%s: lease lost; its execution here stopped", running.key)
@@ -320,6 +386,7 @@ class _Execution:
     key: RecordKey
     task: asyncio.Task[object]
     task_id: str  # the Celery task id it runs under ("" when none)
+    lease: Lease
 
 
 __all__ = [

@@ -11,7 +11,9 @@ holds more messages than it runs, and what it took starts at once: the claim fol
 same turn of the loop. A worker that dies in between loses the message; the lost-message
 check resends its rollout (``rollout_worker/sweeper.py``), as it did when Celery held taken
 messages in memory. A message whose task id was revoked (Flower's Revoke of a queued
-rollout) is not run: its rollout is cancelled, and a v1 trainer is told.
+rollout) is not run: its rollout is cancelled, and a v1 trainer is told. A message whose
+record key is outside this fleet's prefix (another fleet shares the queue name, which
+start-up refuses once it knows: ``rollout_core/durability.py``) is put back untouched.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ TAKE_WAIT_SECONDS = 1.0
 RETRY_SECONDS = 1.0  # after a take failed (Redis away)
 # A take that has not come back for this long means the intake is stuck (liveness).
 SILENCE_SECONDS = 10.0
+# After putting back another fleet's message, the intake waits this long before taking more.
+FOREIGN_PAUSE_SECONDS = 1.0
 
 
 class Intake:
@@ -81,18 +85,22 @@ class Intake:
             if self._stopping:  # stopped while it waited for a slot
                 self._slots.release()
                 return
-            self._taking = True
+            self._taking = True  # until a message taken is started or given back
             try:
                 raw = await self._take()
+                message = None if raw is None else self._read(raw)
+                if message is not None and not self._store.keys.owns(message.record):
+                    await self._give_back_foreign(message, raw or "")
+                    message = None
             except BaseException:
                 self._slots.release()
                 raise
             finally:
                 self._taking = False
-            if raw is None:
+            if message is None:
                 self._slots.release()
             else:
-                self._start(raw)
+                self._start(message)
 
     async def stop_taking(self) -> None:
         """Take no more messages; returns once no take is in progress (the message one
@@ -124,13 +132,39 @@ class Intake:
         self._turned = time.monotonic()
         return raw
 
-    def _start(self, raw: str) -> None:
+    @staticmethod
+    def _read(raw: str) -> QueuedMessage | None:
         try:
-            message = read_taken(raw)
+            return read_taken(raw)
         except NotARollout as exc:
             logger.error("dropped a queued message that is not a rollout's: %s", exc)  # noqa: TRY400
-            self._slots.release()
-            return
+            return None
+
+    async def _give_back_foreign(self, message: QueuedMessage, raw: str) -> None:
+        """A message of another fleet (a record key outside this fleet's prefix: two fleets
+        share the queue name) goes back to the queue, untouched, for that fleet's workers;
+        this intake pauses, so that they, not it, take it next."""
+        try:
+            await self._store.give_back(raw)
+        except StoreError as exc:
+            logger.error(  # noqa: TRY400 - one line: the record key says whose it is
+                "took another fleet's rollout %s (its key is outside prefix %r) and could not "
+                "put it back (%s); that fleet's lost-message check resends it",
+                message.record,
+                self._store.keys.prefix,
+                type(exc).__name__,
+            )
+        else:
+            logger.error(
+                "put back another fleet's rollout %s: its key is outside this fleet's prefix "
+                "%r, so two fleets share the queue %r (give each its own ROLLOUT_FLEET_QUEUE)",
+                message.record,
+                self._store.keys.prefix,
+                self._store.queue,
+            )
+        await asyncio.sleep(FOREIGN_PAUSE_SECONDS)
+
+    def _start(self, message: QueuedMessage) -> None:
         key = RecordKey(message.record)
         run = self._revoked_run if message.task_id in self._revoked else self._run
         task = asyncio.create_task(run(key, message))

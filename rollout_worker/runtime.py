@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -24,7 +25,7 @@ from wsgiref.simple_server import WSGIServer
 from celery import Celery
 from celery.worker import state as worker_state
 
-from rollout_core.durability import refuse_data_loss
+from rollout_core.durability import RedisWatch, start_checks
 from rollout_core.protocols import cancelled_result
 from rollout_core.queue.envelope import task_message
 from rollout_core.secrets import SecretBox, load_secret_box
@@ -48,6 +49,7 @@ from rollout_worker.watchdog import LoopWatchdog, Stall, TaskLineage
 logger = logging.getLogger(__name__)
 
 REVOKE_CHECK_SECONDS = 0.5
+DURABILITY_CHECK_SECONDS = 10.0  # how often a worker asks whether Redis restarted
 EXIT_LOOP_STALLED = 70  # EX_SOFTWARE: the supervisor restarts the worker
 # Celery's consumer sends a heartbeat event every 2 s while it is connected and consuming.
 CONSUMER_SILENCE_SECONDS = 10.0
@@ -106,7 +108,7 @@ class _OnLoop:
         cancel_unstarted: Callable[[RecordKey], Awaitable[None]],
     ) -> _OnLoop:
         store = RecordStore.connect(settings)
-        await refuse_data_loss(store, settings)
+        await start_checks(store, settings, admits=False)
         box = await load_secret_box(store, settings)
         http = HttpClientShards(concurrency, get_settings())
         carriers, speaks = _carriers(agent, settings, http, box)
@@ -159,6 +161,7 @@ class WorkerRuntime:
         self._on_loop = self._loop.run(
             _OnLoop.open(settings, app, agent, concurrency, self.name, self._cancel_unstarted)
         )
+        self._redis_watch = RedisWatch(self._on_loop.store, settings)
         self._chores = self._loop.run(self._start_chores())
         self._watchdog = LoopWatchdog(
             self._loop.loop,
@@ -187,6 +190,7 @@ class WorkerRuntime:
                 "heartbeat": every(settings.lease_seconds / 3, self._heartbeat),
                 "sweeper": every(settings.sweep_interval_seconds, self._on_loop.sweeper.sweep),
                 "revoke-check": every(REVOKE_CHECK_SECONDS, self._cancel_revoked),
+                "durability-check": every(DURABILITY_CHECK_SECONDS, self._check_durability),
                 "stop-listener": self._listen_for_stops(),
             }
         )
@@ -331,6 +335,12 @@ class WorkerRuntime:
         """Celery's consumer beats (revokes reach this worker) and the intake takes work."""
         fresh = time.monotonic() - self._consumer_seen < CONSUMER_SILENCE_SECONDS
         return fresh and self._on_loop.intake.alive()
+
+    async def _check_durability(self) -> None:
+        """Whether Redis, restarted, can now lose rollouts: logged once (``RedisWatch``). A
+        Redis that does not answer is the other chores' to report."""
+        with contextlib.suppress(StoreError):
+            await self._redis_watch.data_loss()
 
     async def _cancel_revoked(self) -> None:
         """Flower's Revoke (and ``celery control revoke``) cancels that rollout's task only."""

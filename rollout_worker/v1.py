@@ -2,16 +2,21 @@
 
 The completion body is stored (status ``delivering``) before it is posted, so a worker that
 dies mid-delivery leaves a result another worker delivers instead of a rollout the trainer
-never hears about. A started delivery is seen through: neither a cancel nor a lost lease
-interrupts a POST in flight (the trainer may be reading it), and every callback of a rollout
-carries the same ``Idempotency-Key`` (its idempotency key) so a receiver can drop a repeat.
-A repeat happens only when a worker dies between the POST and the write that records it
-(docs/RELIABILITY.md).
+never hears about. Each POST attempt (the SDK's retries included) goes on the wire only after
+the lease is confirmed (:meth:`Lease.confirm`, at the moment its headers are written), so a
+worker that was frozen or lost its lease never posts a result another worker now owns. A
+POST on the wire is seen through: a cancel or a lost lease waits for it (the trainer may be
+reading it); before that, a lost lease stops it. Every callback of one admission carries the
+same ``Idempotency-Key`` (its admission token) so a receiver can drop a repeat, and a new
+admission of the same id gets a new one. A repeat happens only when a worker dies between a
+POST and the write that records its answer, or when the trainer does not answer an attempt
+in time and the SDK retries it (docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -19,7 +24,15 @@ from typing import Any
 
 from rollout_core.protocols.v1 import PROTOCOL, request_from_record
 from rollout_core.secrets import SecretBox, redact
-from rollout_core.store import Advance, Claim, Protocol, RecordField, Status, Verdict
+from rollout_core.store import (
+    Advance,
+    Claim,
+    Protocol,
+    RecordField,
+    RolloutRecord,
+    Status,
+    Verdict,
+)
 from rollout_sdk.client import HttpClientShards, OsmosisLLMClient, Turn
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
@@ -28,6 +41,7 @@ from rollout_sdk.core.exceptions import (
     OsmosisServerError,
     OsmosisTimeoutError,
     OsmosisValidationError,
+    RefusedDestinationError,
 )
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
 from rollout_sdk.runner import error_response, run_agent_loop
@@ -40,14 +54,32 @@ AGENT_ERROR = "agent_error"  # v1 results carry no error category; a failed one 
 NOT_DELIVERED = "not delivered: "
 
 
-def delivery_failure(exc: OsmosisRolloutError) -> str:
+class _LeaseLost(Exception):
+    """Raised before a POST attempt goes out: another execution owns the rollout now."""
+
+
+def delivery_failure(exc: Exception) -> str:
     """What the record says about a failed callback: the status or the kind of failure, never
     the receiver's answer (a foreign endpoint's body must not be stored or returned)."""
     if isinstance(exc, OsmosisValidationError | OsmosisServerError):
         return f"failed: the trainer answered HTTP {exc.status_code}"
+    if isinstance(exc, RefusedDestinationError):  # our own words, never the receiver's
+        return f"failed: {exc}"
     if isinstance(exc, OsmosisTimeoutError):
-        return "failed: the trainer did not answer in time"
-    return "failed: the trainer could not be reached"
+        return "failed: the trainer did not answer in time (it may have received the callback)"
+    if isinstance(exc, OsmosisRolloutError):
+        return "failed: the trainer could not be reached"
+    # Not the trainer's doing: the same request would fail the same way every time.
+    return f"failed: the callback could not be sent ({type(exc).__name__})"
+
+
+def idempotency_key(record: RolloutRecord) -> str:
+    """The ``Idempotency-Key`` of a rollout's callbacks: its admission's token, unique per
+    admission and header-safe whatever its ids hold."""
+    if record.admit_token:
+        return record.admit_token
+    # A record admitted before tokens were kept: a digest of its id, stable across repeats.
+    return hashlib.sha256(record.rollout_id.encode()).hexdigest()[:32]
 
 
 def terminal_status(response: RolloutResponse) -> Status:
@@ -90,21 +122,36 @@ class V1Carrier:
         request = request_from_record(claim.record, self._box)
         if claim.verdict is Verdict.DELIVERING:  # a worker died delivering it: deliver again
             stored = RolloutResponse.model_validate_json(claim.record.result or "")
-            return await self._deliver_stored(lease, request, stored)
+            return await self._deliver_stored(claim, lease, request, stored)
         response, turns = await self._run(claim, request)
-        return await self._deliver(lease, request, response, turns)
+        return await self._deliver(claim, lease, request, response, turns)
 
     async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
         if claim.verdict is Verdict.DELIVERING:  # its result exists: never replaced
             return await self.carry(claim, lease)
+        if claim.record.status is Status.DELIVERING:  # exhausted delivering: ends undelivered
+            return await self._give_up_delivery(claim, lease)
         response = error_response(request.rollout_id, refusal.message)
-        return await self._deliver(lease, request, response)
+        return await self._deliver(claim, lease, request, response)
+
+    async def _give_up_delivery(self, claim: Claim, lease: Lease) -> Status | None:
+        """Every worker that took this stored result to deliver stopped before it recorded the
+        outcome: it ends with that result, not posted again."""
+        stored = RolloutResponse.model_validate_json(claim.record.result or "")
+        status = terminal_status(stored)
+        tries = claim.record.deliveries  # the first, and each takeover but this one
+        delivery = (
+            f"{NOT_DELIVERED}{tries} {'try' if tries == 1 else 'tries'}, each ended by its "
+            "worker stopping (crashed or killed) before the trainer's answer was recorded; "
+            "the trainer may have received it"
+        )
+        advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
+        return None if advanced is Advance.LOST else status
 
     async def fail(self, claim: Claim, message: str, lease: Lease) -> Status | None:
         response = error_response(claim.record.rollout_id, message)
-        delivery = NOT_DELIVERED + "the record cannot be read"
-        fields = {RecordField.DELIVERY: delivery}
+        fields = {RecordField.DELIVERY: NOT_DELIVERED + message}
         advanced = await lease.advance(Status.FAILURE, result=response.wire_json(), fields=fields)
         return None if advanced is Advance.LOST else Status.FAILURE
 
@@ -138,6 +185,7 @@ class V1Carrier:
 
     async def _deliver(
         self,
+        claim: Claim,
         lease: Lease,
         request: RolloutRequest,
         response: RolloutResponse,
@@ -157,14 +205,15 @@ class V1Carrier:
             return None
         if advanced is Advance.CANCELLED:
             response = cancelled
-        return await self._deliver_stored(lease, request, response)
+        return await self._deliver_stored(claim, lease, request, response)
 
     async def _deliver_stored(
-        self, lease: Lease, request: RolloutRequest, response: RolloutResponse
+        self, claim: Claim, lease: Lease, request: RolloutRequest, response: RolloutResponse
     ) -> Status | None:
-        """Post and record the outcome, shielded: a cancel (an operator's, or the lease's)
-        waits for the delivery instead of cutting a POST the trainer may be reading."""
-        delivery = asyncio.ensure_future(self._post_and_record(lease, request, response))
+        """Post and record the outcome. An operator's cancel never cuts it (the result is
+        stored and final); a lost lease stops it only while no attempt is on the wire."""
+        wire = _Wire(lease, idempotency_key(claim.record))
+        delivery = asyncio.ensure_future(self._post_and_record(lease, request, response, wire))
         task = asyncio.current_task()
         while True:
             try:
@@ -172,14 +221,26 @@ class V1Carrier:
             except asyncio.CancelledError:
                 if delivery.cancelled():
                     raise
+                if lease.lost and not wire.sent:
+                    delivery.cancel()
+                    logger.info(
+                        "rollout %s: lease lost before its callback went out", request.rollout_id
+                    )
+                    raise
                 if task is not None:
                     task.uncancel()  # seen through first; the outcome says what happened
                 logger.info("rollout %s: cancel waits for its delivery", request.rollout_id)
 
     async def _post_and_record(
-        self, lease: Lease, request: RolloutRequest, response: RolloutResponse
+        self, lease: Lease, request: RolloutRequest, response: RolloutResponse, wire: _Wire
     ) -> Status | None:
-        delivery = await self._post(request, response)
+        try:
+            delivery = await self._post(request, response, wire)
+        except _LeaseLost:
+            logger.warning(
+                "rollout %s: lease lost; its callback was not posted here", request.rollout_id
+            )
+            return None
         status = terminal_status(response)
         advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
         if advanced is Advance.LOST:
@@ -189,12 +250,14 @@ class V1Carrier:
         )
         return status
 
-    async def _post(self, request: RolloutRequest, response: RolloutResponse) -> str:
+    async def _post(self, request: RolloutRequest, response: RolloutResponse, wire: _Wire) -> str:
         try:
             await self._client(request).post_completion(
-                response, idempotency_key=request.idempotency_token
+                response, idempotency_key=wire.idempotency_key, before_send=wire.before_send
             )
-        except OsmosisRolloutError as exc:
+        except _LeaseLost:
+            raise
+        except Exception as exc:  # every failure counts once: the rollout ends, saying why
             reason = redact(str(exc), request.api_key)
             logger.warning(
                 "rollout %s: completion callback not delivered: %s", request.rollout_id, reason
@@ -205,4 +268,18 @@ class V1Carrier:
         return "delivered"
 
 
-__all__ = ["V1Carrier"]
+class _Wire:
+    """One delivery's POST attempts: each goes out only while the lease holds."""
+
+    def __init__(self, lease: Lease, idempotency_key: str) -> None:
+        self._lease = lease
+        self.idempotency_key = idempotency_key
+        self.sent = False  # an attempt's request reached the wire
+
+    async def before_send(self) -> None:
+        if not await self._lease.confirm():
+            raise _LeaseLost
+        self.sent = True
+
+
+__all__ = ["V1Carrier", "delivery_failure", "idempotency_key"]

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,22 @@ async def run_v2_dataset(
     async with RolloutClient(url=gateway_url, api_key=api_key) as client:
         done = await asyncio.gather(*(one(i, client) for i in range(count)))
     return {rollout_id: (result, label) for rollout_id, result, label in done}
+
+
+def redis_dump(store: redis.Redis) -> str:
+    """Every key with its value, whatever its type."""
+    readers: dict[str, Callable[[str], Any]] = {
+        "string": store.get,
+        "hash": store.hgetall,
+        "list": lambda key: store.lrange(key, 0, -1),
+        "set": store.smembers,
+        "zset": lambda key: store.zrange(key, 0, -1, withscores=True),
+    }
+    lines = []
+    for key in store.scan_iter(count=1000):
+        kind = str(store.type(key))
+        lines.append(f"{key} {kind} {readers[kind](key)}" if kind in readers else f"{key} {kind}")
+    return "\n".join(lines)
 
 
 def script(*steps: dict[str, Any], **metadata: Any) -> dict[str, Any]:

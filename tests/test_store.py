@@ -480,6 +480,28 @@ async def test_f08_a_lapsed_delivery_is_delivered_never_exhausted(store: RecordS
     )
 
 
+async def test_a_delivery_that_keeps_failing_runs_out_of_its_own_attempts(
+    store: RecordStore,
+) -> None:
+    """A stored result counts its deliveries apart from its runs: past max_attempts of them
+    the claim answers ``exhausted`` with the result still there (the worker ends it); a
+    rollout whose runs used up its attempts is still delivered."""
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", LEASE, 2)
+    await store.advance(key, "w1", Status.DELIVERING, result="COMPLETED")
+    verdicts = []
+    for n in range(3):
+        await asyncio.sleep(LEASE + 0.05)
+        assert await store.requeue(key, "AGAIN")
+        claim = await store.claim(key, f"w{n + 2}", f"w{n + 2}", LEASE, 2)
+        verdicts.append((claim.verdict, claim.record.deliveries, claim.record.result))
+    assert verdicts == [
+        (Verdict.DELIVERING, 1, "COMPLETED"),
+        (Verdict.DELIVERING, 2, "COMPLETED"),
+        (Verdict.EXHAUSTED, 3, "COMPLETED"),
+    ]
+
+
 async def test_f16_a_repeated_claim_answers_as_the_first(store: RecordStore) -> None:
     """Finding 16: a claim run again after its reply was lost is not ``busy``."""
     key = await admitted(store)

@@ -28,6 +28,7 @@ class RolloutRecord:
     result: str | None = None
     lease_digest: str | None = None
     attempt: int = 0
+    deliveries: int = 0  # v1: claims of its stored result, to deliver it
     accepted_at: int | None = None
     started_at: int | None = None
     claimed_at: int | None = None
@@ -39,6 +40,7 @@ class RolloutRecord:
     delivery: str | None = None
     turns: str | None = None
     trajectory: str | None = None
+    admit_token: str | None = None  # v1: the admission that wrote the record
     trace: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -56,6 +58,7 @@ class RolloutRecord:
             result=get(RecordField.RESULT),
             lease_digest=get(RecordField.LEASE_DIGEST),
             attempt=int(get(RecordField.ATTEMPT) or 0),
+            deliveries=int(get(RecordField.DELIVERIES) or 0),
             accepted_at=_int(get(RecordField.ACCEPTED_AT)),
             started_at=_int(get(RecordField.STARTED_AT)),
             claimed_at=_int(get(RecordField.CLAIMED_AT)),
@@ -67,6 +70,7 @@ class RolloutRecord:
             delivery=get(RecordField.DELIVERY),
             turns=get(RecordField.TURNS),
             trajectory=get(RecordField.TRAJECTORY),
+            admit_token=get(RecordField.ADMIT_TOKEN) or None,
             trace={name.value: fields[name] for name in TRACE_FIELDS if name in fields},
         )
 

@@ -106,6 +106,7 @@ class RecordField(StrEnum):
     CLAIMED_AT = "claimed_at"  # the latest claim
     FINISHED_AT = "finished_at"
     ATTEMPT = "attempt"  # executions started (hand-offs excepted)
+    DELIVERIES = "deliveries"  # v1: claims of its stored result, to deliver (its own budget)
     HANDOFFS = "handoffs"  # times a stopping worker gave it back
     TERMINATIONS = "terminations"  # times it was made terminal: anything but 1 is a bug
     EXECUTION = "execution"  # the execution holding the worker lease (empty once finished)

@@ -384,8 +384,26 @@ class RecordStore:
         message: str,
         fields: Mapping[RecordField, str],
     ) -> bool:
-        args = [token, _ms(ttl_seconds), message, *_flatten(fields)]
-        return bool(await self._replicated("admit_commit", [key, self.queue], args))
+        """Write the record and enqueue its message in one step; False if the claim lapsed.
+
+        With ``admission_replicas`` the message waits until the replicas hold the record: a
+        commit they do not confirm in time is taken back before ``NotReplicated`` reaches the
+        caller (its trainer hears 503), so a rollout its trainer was refused never runs nor
+        calls back, and a retry admits it afresh. A confirmed record whose message then fails
+        to go (the gateway dies) is a queued record without a message: the workers' sweeper
+        resends it, as for any lost message."""
+        if not self._replicas:
+            args = [token, _ms(ttl_seconds), message, *_flatten(fields)]
+            return bool(await self._run("admit_commit", [key, self.queue], args))
+        args = [token, _ms(ttl_seconds), "", *_flatten(fields)]
+        try:
+            committed = bool(await self._replicated("admit_commit", [key, self.queue], args))
+        except NotReplicated:
+            await self._run("admit_withdraw", [key], [token])
+            raise
+        if committed:
+            await self._redis.lpush(self.queue, message)
+        return committed
 
     async def admit_abort(self, key: RecordKey, token: str) -> None:
         await self._run("admit_abort", [key], [token])
@@ -565,10 +583,24 @@ class RecordStore:
                 )
         return risks
 
+    async def connected_replicas(self) -> int:
+        """How many replicas are connected to the primary (``INFO replication``)."""
+        replication = await self._redis.info("replication")
+        return int(replication.get("connected_slaves", 0))
+
+    async def server_run(self) -> str:
+        """The Redis server's run id: a new one after every restart."""
+        server = await self._redis.info("server")
+        return str(server.get("run_id", ""))
+
+    async def generated_secret_key(self) -> str | None:
+        """The sealing key the fleet generated for itself, if it ever ran without one."""
+        return cast(str | None, await self._redis.get(self.keys.fleet_key))
+
     async def fleet_secret_key(self, generated: str) -> str:
         """The fleet's own sealing key: ``generated`` if none is kept yet, else the kept one."""
         await self._redis.set(self.keys.fleet_key, generated, nx=True)
-        stored = cast(str | None, await self._redis.get(self.keys.fleet_key))
+        stored = await self.generated_secret_key()
         if stored is None:
             raise RuntimeError(f"the fleet key {self.keys.fleet_key} vanished from Redis")
         return stored
@@ -731,6 +763,26 @@ class RecordStore:
         up to ``wait_seconds`` for one; ``None`` if none came."""
         reply = await self._redis.brpop([self.queue], timeout=wait_seconds)
         return None if reply is None else str(reply[1])
+
+    async def give_back(self, raw: str) -> None:
+        """Put a message taken off the queue back at the end it is taken from, as it was."""
+        await self._redis.rpush(self.queue, raw)
+
+    @property
+    def queue_owner_key(self) -> str:
+        """The key naming the key prefix of the fleet that uses this queue (beside the queue,
+        outside any fleet's prefix: fleets with different prefixes must all see it)."""
+        return f"_rollout_fleet.queue_owner.{self.queue}"
+
+    async def own_queue(self) -> str:
+        """Register this fleet's key prefix as the queue's user unless another is registered;
+        the prefix registered (ours, or the other fleet's)."""
+        await self._redis.set(self.queue_owner_key, self.keys.prefix, nx=True)
+        return await self.queue_owner() or self.keys.prefix
+
+    async def queue_owner(self) -> str | None:
+        """The key prefix registered as the queue's user, if any."""
+        return cast(str | None, await self._redis.get(self.queue_owner_key))
 
     async def requeue(self, key: RecordKey, message: str) -> bool:
         return bool(await self._run("requeue", [key, self.queue], [message]))

@@ -58,8 +58,20 @@ def count_messages_by_role(messages: Iterable[Mapping[str, Any]]) -> dict[str, i
     return dict(Counter(get_message_role(message) for message in messages))
 
 
+def ensure_bearer_token(value: str | None, *, label: str) -> str | None:
+    """A key sent as ``Authorization: Bearer <key>`` must fit in a header: visible ASCII, no
+    spaces or control characters (else every request with it would fail to be built)."""
+    if value is not None and not all("!" <= c <= "~" for c in value):
+        raise ValueError(
+            f"{label} must be visible ASCII without spaces or control characters "
+            "(it is sent as an HTTP Bearer token)"
+        )
+    return value
+
+
 __all__ = [
     "count_messages_by_role",
+    "ensure_bearer_token",
     "get_message_content",
     "get_message_role",
     "is_assistant_message",

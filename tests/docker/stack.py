@@ -413,22 +413,6 @@ class Stack:
         return self.checkout.compose("down", "-v", timeout=300)
 
 
-def redis_dump(store: redis.Redis) -> str:
-    """Every key with its value, whatever its type."""
-    readers: dict[str, Callable[[str], Any]] = {
-        "string": store.get,
-        "hash": store.hgetall,
-        "list": lambda key: store.lrange(key, 0, -1),
-        "set": store.smembers,
-        "zset": lambda key: store.zrange(key, 0, -1, withscores=True),
-    }
-    lines = []
-    for key in store.scan_iter(count=1000):
-        kind = str(store.type(key))
-        lines.append(f"{key} {kind} {readers[kind](key)}" if kind in readers else f"{key} {kind}")
-    return "\n".join(lines)
-
-
 def readme_compose_commands() -> list[str]:
     """The README's commands that start the fleet with compose, in order."""
     (block, *_) = code_blocks(readme_section("### With Docker Compose"), "bash")

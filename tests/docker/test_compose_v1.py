@@ -23,8 +23,14 @@ import httpx
 import pytest
 import redis
 
-from tests.docker.stack import PROJECT, Stack, redis_dump, wait_for
-from tests.harness import MockTrainGateClient, admit_all, calculator_bodies, screenshot_dir
+from tests.docker.stack import PROJECT, Stack, wait_for
+from tests.harness import (
+    MockTrainGateClient,
+    admit_all,
+    calculator_bodies,
+    redis_dump,
+    screenshot_dir,
+)
 
 ROLLOUTS = 30
 TRAINER_KEY = f"planted-trainer-key-{secrets.token_hex(8)}"  # sent in requests

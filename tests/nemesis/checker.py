@@ -351,7 +351,7 @@ def _check_callbacks(
         report.fail("no_callback", "v1", rollout_id, f"{status}, delivery: {delivery!r}")
         return []
     keys = {{k.lower(): v for k, v in c["headers"].items()}.get("idempotency-key") for c in calls}
-    if keys != {rollout_id}:
+    if keys != {record.get("admit_token")}:  # one key per admission, on every repeat
         report.fail("idempotency_key", "v1", rollout_id, f"Idempotency-Key {keys}")
     stored = _stored(record)
     said = [c["body"].get("status") for c in calls]
@@ -363,14 +363,22 @@ def _check_callbacks(
         )
     if any((s == "COMPLETED") != (status == "success") for s in said):
         report.fail("contradicting_result", "v1", rollout_id, f"called back {said}, {status}")
-    if delivery != "delivered":
+    if delivery != "delivered" and not _may_have_received(delivery):
         report.fail(
             "contradicting_result",
             "v1",
             rollout_id,
             f"{len(calls)} callbacks answered 200, the record says delivery {delivery!r}",
         )
+    if _may_have_received(delivery):  # the client timed out: its retries may all arrive
+        return ["client_timeout"] * (len(calls) - 1)
     return _excuse_repeats(report, nemesis, holders, window, key, rollout_id, calls)
+
+
+def _may_have_received(delivery: str) -> bool:
+    """The record says the trainer may have received the callback more than once (every
+    attempt timed out, the SDK retrying): a documented repeat window of its own."""
+    return "may have received" in delivery
 
 
 def _excuse_repeats(

@@ -161,11 +161,12 @@ class Planter:
     @staticmethod
     def _repost(stage: Stage, client: redis.Redis, rollout_id: str) -> None:
         """What a rogue worker would do: post the stored completion body once more."""
-        body = json.loads(client.hget(f"{PREFIX['v1']}:v1:{rollout_id}", "result") or "{}")
+        record = f"{PREFIX['v1']}:v1:{rollout_id}"
+        stored, key = client.hmget(record, "result", "admit_token")
         response = httpx.post(
             f"{stage.trainer.url}/v1/rollout/completed",
-            json=body,
-            headers={"Idempotency-Key": rollout_id},
+            json=json.loads(stored or "{}"),
+            headers={"Idempotency-Key": key or ""},
             timeout=10,
         )
         response.raise_for_status()

@@ -21,7 +21,13 @@ from tests.harness import SCRIPTED_V2_AGENT, V2FleetUnderTest, new_id, script
     ("setting", "value", "says"),
     [
         ("RESULT_WAIT_TIMEOUT_SECONDS", "120", "polling_lease_timeout_seconds"),
-        ("RESULT_RETENTION_SECONDS", "0", "greater than 0"),
+        ("RESULT_RETENTION_SECONDS", "0", "RESULT_RETENTION_SECONDS: must be a finite"),
+        ("RESULT_RETENTION_SECONDS", "0.0004", "RESULT_RETENTION_SECONDS: must be a finite"),
+        ("LEASE_SECONDS", "inf", "LEASE_SECONDS: must be a finite number of seconds from 0.001"),
+        ("DRAIN_FENCE_SECONDS", "nan", "DRAIN_FENCE_SECONDS: must be a finite"),
+        ("INFLIGHT_TTL_SECONDS", "1e30", "to 31536000 (365 days)"),
+        ("MAX_ROLLOUT_SECONDS", "-inf", "MAX_ROLLOUT_SECONDS: must be 0, or a finite"),
+        ("INFLIGHT_TTL_SECONDS", "2", "inflight_ttl_seconds must be above lease_seconds"),
         ("ADMISSION_REPLICA_TIMEOUT_SECONDS", "5", "less than or equal to 2"),
     ],
 )
@@ -33,7 +39,9 @@ def test_f12_a_setting_that_breaks_the_fleet_refuses_to_start(
     ``result_retention`` 0 deleted every result, and a replica wait past a Redis command's
     3 s time limit turned each wait that ran out into a broken connection, retried until the
     store's budget was spent (a 503 after ≈ 10 s, not after the wait); all started without a
-    word."""
+    word. Durations: under 1 ms passed ``gt=0`` and became 0 ms in Redis (a 0.0004 s retention
+    deleted each result as it was written), and ``inf``/``nan`` were taken as a lease, a drain
+    fence or a TTL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
     env |= {
         "REDIS_URL": f"redis://:planted-pw@127.0.0.1:{redis_server.port}/950",

@@ -6,6 +6,7 @@ answers 503, instead of hanging (before: about 56 s, or for ever on an open conn
 Finding 6: fleets sharing a Redis database keep to their own messages.
 Finding 4: after Redis was away (stopped, a long AOF load, a partition), sweepers leave lapsed
 leases to their live holders.
+And a Redis restarted without persistence under a running fleet is noticed.
 """
 
 from __future__ import annotations
@@ -274,3 +275,28 @@ def test_f04_a_partition_healing_first_for_an_idle_worker_reruns_nothing(
         for proxy in (holder, idle):
             proxy.close()
         server.stop()
+
+
+def test_a_redis_restarted_without_persistence_unreadies_a_running_fleet(
+    own_fleet: tuple[LocalFleet, RedisServer], tmp_path: Path
+) -> None:
+    """The data-loss check ran only at start: a Redis restarted without persistence under a
+    running fleet went unnoticed (``/ready`` 200, nothing logged) until the next restart lost
+    every admitted rollout. Now ``/ready`` fails naming it and the worker logs it."""
+    fleet, durable = own_fleet
+    ready_url = f"{fleet.gateway_url}/ready"
+    assert httpx.get(ready_url, timeout=10).status_code == 200
+    durable.stop()
+    forgetful = RedisServer(port=durable.port, appendonly=False, data_dir=tmp_path / "r2").start()
+    try:
+        wait_until(
+            lambda: httpx.get(ready_url, timeout=10).status_code == 503, 30, "/ready to fail"
+        )
+        ready = httpx.get(ready_url, timeout=10).json()
+        assert ready["redis"] == "ok"
+        assert "persistence is off" in ready["durability"]
+        assert "ROLLOUT_FLEET_ALLOW_REDIS_DATA_LOSS" in ready["durability"]
+        worker = fleet.processes["worker-1"]
+        wait_until(lambda: "persistence is off" in worker.output(), 30, "the worker to say so")
+    finally:
+        forgetful.stop()

@@ -88,19 +88,25 @@ def replica(pair: tuple[RedisServer, RedisServer]) -> Iterator[Replica]:
 
 
 async def test_a_v1_retry_is_answered_only_once_the_replica_holds_the_record(
-    store: RecordStore, replica: Replica
+    store: RecordStore, replica: Replica, pair: tuple[RedisServer, RedisServer]
 ) -> None:
     key = store.keys.record("v1", "retried")
     assert (await store.admit_begin(key, "first", 30)).start is AdmitStart.LEAD
     replica.pause()
     with pytest.raises(NotReplicated):  # the trainer hears 503 and retries
         await store.admit_commit(key, "first", 60, "MSG", PROTOCOL)
-    with pytest.raises(NotReplicated):  # before: REPLAY, a 202 for what the replica lacks
-        await store.admit_begin(key, "retry", 30)
+    # The unconfirmed commit was taken back (its message never queued: it must not run and
+    # call back a trainer told 503); the retry admits afresh. Before: REPLAY, a 202 for what
+    # the replica lacked.
+    with redis.Redis(port=pair[0].port) as primary:
+        assert (primary.exists(key), primary.llen(store.queue)) == (0, 0)
     replica.resume()
     again = await store.admit_begin(key, "retry", 30)
-    assert (again.start, again.response) == (AdmitStart.REPLAY, "ACCEPTED")
+    assert again.start is AdmitStart.LEAD
+    assert await store.admit_commit(key, "retry", 60, "MSG", PROTOCOL)
     assert replica.status_of(key) == "queued"
+    replay = await store.admit_begin(key, "later", 30)
+    assert (replay.start, replay.response) == (AdmitStart.REPLAY, "ACCEPTED")
 
 
 async def test_a_v2_retry_after_a_503_takes_the_rollout_over_and_a_duplicate_later_does_not(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -57,6 +58,102 @@ def test_f18_a_gateway_with_a_key_or_told_to_run_open_starts(
         assert process.alive()
     finally:
         process.stop()
+
+
+def uvicorn_gateway(port: int, host: str = "0.0.0.0") -> list[str]:
+    """The gateway app under plain uvicorn, as an operator might run it without the CLI."""
+    app = "rollout_gateway.app:create_app"
+    return [sys.executable, "-m", "uvicorn", app, "--factory", "--host", host, "--port", str(port)]
+
+
+def test_f18_the_gateway_app_under_plain_uvicorn_refuses_a_non_loopback_address(
+    redis_server: RedisServer,
+) -> None:
+    """The refusal is the app's, not only the CLI's: one line, no traceback, no port open."""
+    port = free_port()
+    refused = subprocess.run(
+        uvicorn_gateway(port),
+        env=gateway_env(redis_server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0, output
+    lines = [line for line in output.splitlines() if "refusing to listen on 0.0.0.0" in line]
+    assert len(lines) == 1, output
+    assert "ROLLOUT_FLEET_API_KEY" in lines[0]
+    assert "ROLLOUT_FLEET_INSECURE_OPEN_GATEWAY" in lines[0]
+    assert "Traceback" not in output
+    assert "Uvicorn running" not in output
+    assert not port_open(port)
+
+
+@pytest.mark.parametrize(
+    ("host", "env"),
+    [
+        ("0.0.0.0", {"ROLLOUT_FLEET_API_KEY": SERVER_KEY}),
+        ("0.0.0.0", {"ROLLOUT_FLEET_INSECURE_OPEN_GATEWAY": "true"}),
+        ("127.0.0.1", {}),
+    ],
+    ids=["with a key", "open on purpose", "loopback"],
+)
+def test_f18_the_gateway_app_under_plain_uvicorn_starts_when_it_may(
+    redis_server: RedisServer, tmp_path: Path, host: str, env: dict[str, str]
+) -> None:
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    env = gateway_env(redis_server, **env)
+    process = ManagedProcess("gateway", uvicorn_gateway(port, host), env, log).start()
+    try:
+        wait_until(lambda: port_open(port), 60, "the gateway")
+        headers = {"Authorization": f"Bearer {SERVER_KEY}"}
+        assert httpx.get(f"http://127.0.0.1:{port}/ready", headers=headers).status_code == 200
+    finally:
+        process.stop()
+
+
+def outward_ipv4() -> str | None:
+    """One of this machine's non-loopback IPv4 addresses, if it has one."""
+    outward = [
+        address.address
+        for addresses in psutil.net_if_addrs().values()
+        for address in addresses
+        if address.family == socket.AF_INET and not address.address.startswith("127.")
+    ]
+    return outward[0] if outward else None
+
+
+def test_f18_where_the_app_cannot_learn_its_address_it_refuses_requests_from_outside(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Given a listening socket (``--fd``), uvicorn does not say where it listens: the app
+    starts, and a request that arrives on a non-loopback address gets 503 and the refusal."""
+    outward = outward_ipv4()
+    if outward is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    listening = socket.create_server(("0.0.0.0", 0))
+    port = listening.getsockname()[1]
+    argv = [*uvicorn_gateway(port)[:5], "--fd", str(listening.fileno())]
+    with (tmp_path / "gateway.log").open("wb") as log:
+        process = subprocess.Popen(
+            argv,
+            env=gateway_env(redis_server),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(listening.fileno(),),
+        )
+    listening.close()
+    try:
+        inside = f"http://127.0.0.1:{port}/ready"
+        wait_until(lambda: httpx.get(inside).status_code == 200, 60, "the gateway")
+        outside = httpx.get(f"http://{outward}:{port}/ready", timeout=10)
+        assert outside.status_code == 503, outside.text
+        assert "refusing to listen on" in outside.json()["detail"]
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def test_f18_a_drain_fence_expires(start_fleet: StartFleet) -> None:
@@ -122,16 +219,11 @@ def test_f19_a_foreign_endpoints_answer_is_never_stored_or_returned(
 
 def test_f20_worker_metrics_listen_on_loopback_unless_told(start_fleet: StartFleet) -> None:
     """Before, a worker's ``/metrics`` listened on every interface."""
-    outward = [
-        address.address
-        for addresses in psutil.net_if_addrs().values()
-        for address in addresses
-        if address.family == socket.AF_INET and not address.address.startswith("127.")
-    ]
-    if not outward:
+    outward = outward_ipv4()
+    if outward is None:
         pytest.skip("this machine has no non-loopback IPv4 address")
     handle = start_fleet(workers=1)
     port = handle.fleet.worker_metrics_ports[1]
     assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"http://{outward[0]}:{port}/metrics", timeout=10)
+        httpx.get(f"http://{outward}:{port}/metrics", timeout=10)

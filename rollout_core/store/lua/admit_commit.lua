@@ -1,5 +1,6 @@
 -- Finish a v1 admission: record queued + task message enqueued, in one step.
--- KEYS: record, queue   ARGV: admit_token, ttl_ms, message, field, value, ...
+-- KEYS: record, queue   ARGV: admit_token, ttl_ms, message ('': enqueued by the caller once
+--                      the replicas confirm the record), field, value, ...
 -- -> 1, or 0 if this admission lost its claim (its pending TTL ran out) or committed already
 --    (a retry after the first reply was lost: the caller replays the stored response)
 -- The token stays in the record once committed (it is no secret); the status tells a
@@ -13,5 +14,7 @@ redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued, FIELD.accepted_at, now,
            FIELD.attempt, 0, unpack(ARGV, 4))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', ACTIVE, now, KEYS[1])
-redis.call('LPUSH', KEYS[2], ARGV[3])
+if ARGV[3] ~= '' then
+  redis.call('LPUSH', KEYS[2], ARGV[3])
+end
 return 1

@@ -34,13 +34,19 @@ if status == STATUS.delivering then
   phase = STATUS.delivering
 end
 local attempt = tonumber(record[FIELD.attempt] or 0)
+-- A stored result has a budget of its own: a rollout whose runs used up its attempts is
+-- still delivered, and one whose deliveries keep failing still ends.
+local deliveries = tonumber(record[FIELD.deliveries] or 0)
 local reply = {}
 if not repeated then
   attempt = attempt + 1
+  if phase == STATUS.delivering then
+    deliveries = deliveries + 1
+  end
   -- The reply lists these after the fields read: a reader of the pairs keeps the last value.
   reply = {FIELD.status, phase, FIELD.execution, ARGV[1], FIELD.worker, ARGV[2],
            FIELD.claimed_at, now, FIELD.task, ARGV[5], FIELD.attempt, attempt,
-           FIELD.started_at, record[FIELD.started_at] or now}
+           FIELD.started_at, record[FIELD.started_at] or now, FIELD.deliveries, deliveries}
   redis.call('HSET', KEYS[1], unpack(reply))
   redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
   if status ~= phase then
@@ -48,10 +54,14 @@ if not repeated then
   end
 end
 -- A delivering rollout has its result: it is delivered, never refused (a refusal would
--- replace a result the trainer may already have received).
+-- replace a result the trainer may already have received) - until its attempts run out like
+-- any other's (counted apart): then it ends with that result, undelivered.
 local verdict = VERDICT.running
 if phase == STATUS.delivering then
   verdict = VERDICT.delivering
+  if deliveries > tonumber(ARGV[4]) then
+    verdict = VERDICT.exhausted
+  end
 elseif record[FIELD.cancel_requested] then
   verdict = VERDICT.cancelled
 elseif record[FIELD.abandon_reason] then

@@ -14,13 +14,14 @@ import math
 import ssl
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
+from rollout_sdk.client.destinations import RefusedDestination, checked_transport
 from rollout_sdk.client.turns import Turn, TurnCapture, make_turn
 from rollout_sdk.config import RolloutSettings, get_settings
 from rollout_sdk.core.exceptions import (
@@ -29,6 +30,7 @@ from rollout_sdk.core.exceptions import (
     OsmosisTimeoutError,
     OsmosisTransportError,
     OsmosisValidationError,
+    RefusedDestinationError,
 )
 from rollout_sdk.core.schemas import (
     CompletionsRequest,
@@ -66,6 +68,26 @@ class CompletionsResult:
     @property
     def content(self) -> Any:
         return self.message.get("content")
+
+
+def answered(response: httpx.Response) -> str:
+    """What a failed answer from a trainer-chosen URL may say: the request and the status with
+    its standard reason phrase (``POST http://host/v1/chat/completions returned 404 Not
+    Found``). Never the body, nor the server's own phrase: the URL may aim at a service the
+    trainer could not otherwise read, and errors are stored and returned."""
+    request = response.request
+    reason = httpx.codes.get_reason_phrase(response.status_code) or "(unknown status)"
+    return f"{request.method} {request.url} returned {response.status_code} {reason}"
+
+
+def _unusable(exc: ValidationError | IndexError) -> str:
+    """Why a 200 answer is not a chat completion, without the values it carried."""
+    if isinstance(exc, IndexError):
+        return "no choices"
+    problems = exc.errors(include_url=False, include_input=False, include_context=False)
+    shown = [f"{'.'.join(map(str, p['loc'])) or 'body'}: {p['msg']}" for p in problems[:3]]
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return "; ".join(shown) + more
 
 
 def _is_200(status: int) -> bool:
@@ -132,19 +154,32 @@ def new_http_client(
     """An ``AsyncClient`` sized by the client settings; share it across rollouts of one loop.
 
     Building the default TLS context (loading the CA bundle) costs about 20 ms; pass ``tls``
-    to share one among many clients."""
+    to share one among many clients. Every connection is to an address the destination
+    policy allows (:mod:`rollout_sdk.client.destinations`), checked as it is resolved."""
     client_settings = (settings or get_settings()).client
-    transport = httpx.AsyncHTTPTransport(
-        verify=tls or True,
-        limits=httpx.Limits(
-            max_connections=client_settings.max_connections,
-            max_keepalive_connections=client_settings.max_keepalive_connections,
-        ),
+    limits = httpx.Limits(
+        max_connections=client_settings.max_connections,
+        max_keepalive_connections=client_settings.max_keepalive_connections,
     )
+    tls = tls or httpx.create_ssl_context()
+    transport = checked_transport(client_settings.refused_networks, limits, tls)
     return httpx.AsyncClient(
         transport=_ObservedTransport(transport),
         timeout=httpx.Timeout(client_settings.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS),
     )
+
+
+def _on_send(
+    before_send: Callable[[], Awaitable[None]],
+) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """An httpcore ``trace`` hook that awaits ``before_send`` as a request's headers are about
+    to be written (its connection made); what it raises aborts that request."""
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("send_request_headers.started"):
+            await before_send()
+
+    return trace
 
 
 class HttpClientShards:
@@ -267,8 +302,9 @@ class OsmosisLLMClient:
             choice = parsed.choices[0]
         except (ValidationError, IndexError) as exc:
             raise OsmosisValidationError(
-                f"TrainGate returned an unusable chat completion: {exc}", response.status_code
-            ) from exc
+                f"TrainGate returned an unusable chat completion: {_unusable(exc)}",
+                response.status_code,
+            ) from None
         usage = parsed.usage or {}
         latency_ms = (time.monotonic() - started) * 1000
         finish_reason = choice.finish_reason or "stop"
@@ -318,12 +354,19 @@ class OsmosisLLMClient:
         )
 
     async def post_completion(
-        self, response: RolloutResponse, *, idempotency_key: str | None = None
+        self,
+        response: RolloutResponse,
+        *,
+        idempotency_key: str | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Deliver a finished rollout to ``{server_url}/v1/rollout/completed``.
 
         ``idempotency_key`` goes out as the ``Idempotency-Key`` header, the same on every
         attempt and every repeat, so a receiver can drop a callback it already has.
+        ``before_send`` is awaited before each attempt's request is written, once its
+        connection is open; what it raises stops the delivery there and propagates, so a
+        caller can make sure it still may post (the fleet checks its lease).
         """
         extra = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else {}
         await self._post(
@@ -332,6 +375,7 @@ class OsmosisLLMClient:
             retries=self.complete_rollout_retries,
             is_success=_is_2xx,
             headers=extra,
+            before_send=before_send,
         )
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -356,10 +400,14 @@ class OsmosisLLMClient:
         retries: int,
         is_success: Callable[[int], bool],
         headers: dict[str, str] | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> httpx.Response:
         """POST with the spec's retry policy: retry 5xx, timeouts and transport errors."""
         url = self.server_url + path
         timeout = httpx.Timeout(self.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS)
+        extensions: dict[str, Any] = {}
+        if before_send is not None:
+            extensions["trace"] = _on_send(before_send)
         last_error: OsmosisRolloutError | None = None
         for attempt in range(retries + 1):
             if attempt:
@@ -370,24 +418,20 @@ class OsmosisLLMClient:
                     content=body,
                     headers=self._headers(headers),
                     timeout=timeout,
-                    extensions={ATTEMPT_EXTENSION: attempt},
+                    extensions={**extensions, ATTEMPT_EXTENSION: attempt},
                 )
             except httpx.TimeoutException as exc:
                 last_error = OsmosisTimeoutError(f"POST {url} timed out: {exc!r}")
             except httpx.TransportError as exc:
+                if isinstance(exc.__cause__, RefusedDestination):  # it will not change
+                    raise RefusedDestinationError(str(exc)) from None
                 last_error = OsmosisTransportError(f"POST {url} failed: {exc!r}")
             else:
                 if is_success(response.status_code):
                     return response
                 if response.status_code < 500:
-                    raise OsmosisValidationError(
-                        f"POST {url} returned {response.status_code}: {response.text[:2000]}",
-                        response.status_code,
-                    )
-                last_error = OsmosisServerError(
-                    f"POST {url} returned {response.status_code}: {response.text[:2000]}",
-                    response.status_code,
-                )
+                    raise OsmosisValidationError(answered(response), response.status_code)
+                last_error = OsmosisServerError(answered(response), response.status_code)
             logger.warning(
                 "rollout %s: attempt %d/%d failed: %s",
                 self.rollout_id,
@@ -406,6 +450,7 @@ __all__ = [
     "CompletionsResult",
     "HttpClientShards",
     "OsmosisLLMClient",
+    "answered",
     "new_http_client",
     "observe_traingate_calls",
 ]

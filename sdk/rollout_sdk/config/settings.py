@@ -8,10 +8,12 @@ startup rather than mid-rollout.
 
 from __future__ import annotations
 
+import ipaddress
 import threading
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MAX_METADATA_SIZE_BYTES = 1_048_576
 
@@ -32,6 +34,20 @@ class RolloutClientSettings(BaseSettings):
     retry_max_delay: float = Field(30.0, ge=1, le=300)
     max_connections: int = Field(100, ge=1, le=1000)
     max_keepalive_connections: int = Field(20, ge=1, le=100)
+    # Beyond upstream: networks no trainer-chosen URL may reach (comma-separated CIDRs),
+    # besides link-local and cloud-metadata addresses, which are always refused.
+    refused_networks: Annotated[list[ipaddress.IPv4Network | ipaddress.IPv6Network], NoDecode] = (
+        Field(default_factory=list)
+    )
+
+    @field_validator("refused_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            return [ipaddress.ip_network(str(item), strict=False) for item in value]
+        return value
 
 
 class RolloutServerSettings(BaseSettings):

@@ -15,6 +15,11 @@ class OsmosisTransportError(OsmosisRolloutError):
     """The TrainGate could not be reached (connection refused, DNS, reset). Retryable."""
 
 
+class RefusedDestinationError(OsmosisTransportError):
+    """The TrainGate's address is one the SDK never connects to (link-local, cloud metadata,
+    a refused network): not retried, it will not change."""
+
+
 class OsmosisServerError(OsmosisRolloutError):
     """The TrainGate answered with a 5xx status."""
 
@@ -64,6 +69,7 @@ __all__ = [
     "OsmosisTimeoutError",
     "OsmosisTransportError",
     "OsmosisValidationError",
+    "RefusedDestinationError",
     "ToolArgumentError",
     "ToolExecutionError",
 ]

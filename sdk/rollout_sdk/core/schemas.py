@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from rollout_sdk.config import DEFAULT_MAX_METADATA_SIZE_BYTES, get_settings
-from rollout_sdk.utils import normalize_stop
+from rollout_sdk.utils import ensure_bearer_token, normalize_stop
 
 MessageDict = dict[str, Any]
 """An OpenAI chat message (``role``, ``content``, optional ``tool_calls`` ...)."""
@@ -92,6 +92,11 @@ class RolloutRequest(BaseModel):
     idempotency_key: str | None = None
 
     _check_id = field_validator("rollout_id")(_check_rollout_id)
+
+    @field_validator("api_key")
+    @classmethod
+    def _check_api_key(cls, value: str | None) -> str | None:
+        return ensure_bearer_token(value, label="api_key")
 
     @field_validator("server_url")
     @classmethod

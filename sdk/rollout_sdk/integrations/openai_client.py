@@ -22,9 +22,9 @@ import httpx
 # them (compiling them, on an install without bytecode) would block every rollout of a worker
 # for seconds. Importing them with this module moves that to agent loading.
 import openai.resources  # noqa: F401
-from openai import AsyncOpenAI
+from openai import APIStatusError, AsyncOpenAI
 
-from rollout_sdk.client.traingate import new_http_client
+from rollout_sdk.client.traingate import answered, new_http_client
 from rollout_sdk.client.turns import ROLLOUT_HEADER, SAMPLE_HEADER
 from rollout_sdk.config import get_settings
 from rollout_sdk.context import RolloutContext
@@ -57,6 +57,13 @@ class TrainGateOpenAI(AsyncOpenAI):
 
     def _validate_headers(self, headers: Any, custom_headers: Any) -> None:
         return None  # openai insists on an Authorization header; a keyless TrainGate does not
+
+    def _make_status_error(
+        self, err_msg: str, *, body: object, response: httpx.Response
+    ) -> APIStatusError:
+        """The error says the status only (openai's says the body, which becomes the rollout's
+        error message); ``body`` stays on it for frameworks that read its error code."""
+        return super()._make_status_error(answered(response), body=body, response=response)
 
 
 @functools.cache

@@ -51,9 +51,23 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+_SECRET_FIELDS = frozenset({"api_key", "llm_api_key"})
+
+
+def _without_secrets(error: dict[str, Any]) -> dict[str, Any]:
+    """A 422 names a bad key's field, never echoes a key (the input it shows may be the whole
+    body)."""
+    if _SECRET_FIELDS.intersection(str(part) for part in error.get("loc", ())):
+        return {name: value for name, value in error.items() if name not in ("input", "ctx")}
+    if isinstance(error.get("input"), dict):
+        shown = {k: "<redacted>" if k in _SECRET_FIELDS else v for k, v in error["input"].items()}
+        return {**error, "input": shown}
+    return error
+
+
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = _json_safe(jsonable_encoder(exc.errors()))
+    errors = _json_safe(jsonable_encoder([_without_secrets(e) for e in exc.errors()]))
     return JSONResponse(status_code=422, content={"detail": errors})
 
 

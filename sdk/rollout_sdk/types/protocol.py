@@ -19,6 +19,7 @@ from rollout_sdk.types.sample import (
     _finite_timeout,
     ensure_single_path_segment,
 )
+from rollout_sdk.utils import ensure_bearer_token
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class RolloutInitRequest(BaseModel):
     def _check_llm_api_key(cls, value: str | None) -> str | None:
         if value == "":
             raise ValueError("llm_api_key must be omitted or a non-empty string")
-        return value
+        return ensure_bearer_token(value, label="llm_api_key")
 
     def execution_request(self) -> ExecutionRequest:
         """What a backend executes for this admission."""

@@ -1,0 +1,297 @@
+"""A v1 rollout's completion callback: once for any id the schema accepts, keyed per
+admission, never posted by an execution that lost its lease, and every failure on the way
+ends the rollout instead of retrying it for ever. Real gateways, workers, redis-server and
+trainers (the mock TrainGate, or a bare HTTP receiver whose door the test opens)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from tests.conftest import V2_ENV, StartFleet
+from tests.harness import SCRIPTED_V2_AGENT, FleetUnderTest, new_id, script, v2_body
+
+COMPLETE_AT_ONCE = script({"complete": {}})  # no LLM call: the callback is the only request
+
+
+def header(call: dict[str, Any], name: str) -> str:
+    return {k.lower(): v for k, v in call["headers"].items()}[name.lower()]
+
+
+@pytest.fixture(scope="module")
+def handle(start_fleet: StartFleet) -> Iterator[FleetUnderTest]:
+    fleet = start_fleet(workers=2, env={"ROLLOUT_FLEET_RECORD_TTL_SECONDS": "2"})
+    yield fleet
+    fleet.close()
+
+
+IDS = [
+    ("rollout-é-1", None),
+    ("日本語-ロールアウト", None),
+    ("emoji-🚀", "key-🔑"),
+    ("plain", "line\r\nbreak"),
+    ("tab\tand\x7fdel", "nul-less \x01 control"),
+    ("x" * 256, "ü" * 300),
+]
+
+
+@pytest.mark.parametrize(("rollout_id", "idempotency_key"), IDS)
+def test_any_valid_id_gets_exactly_one_callback_with_a_header_safe_key(
+    handle: FleetUnderTest, rollout_id: str, idempotency_key: str | None
+) -> None:
+    """Non-ASCII, control characters and CR/LF in ``rollout_id`` or ``idempotency_key``: the
+    rollout ends ``success``, delivered once (before: building the ``Idempotency-Key`` header
+    raised, the rollout went back to the queue for ever, and a CR/LF key ended ``success``
+    without a callback)."""
+    rollout_id = f"{rollout_id}-{new_id()}"[-256:]
+    fields: dict[str, Any] = {"metadata": COMPLETE_AT_ONCE}
+    if idempotency_key is not None:
+        fields["idempotency_key"] = f"{idempotency_key}-{new_id()}"
+    response = handle.init(handle.body(rollout_id, **fields))
+    assert response.status_code == 202, response.text
+    key = fields.get("idempotency_key", rollout_id)
+    record = handle.wait_status(key, {"success", "failure"})
+    assert (record["status"], record["delivery"], record["attempt"]) == (
+        "success",
+        "delivered",
+        "1",
+    ), record
+    (call,) = handle.trainer.calls("completed", rollout_id)
+    assert header(call, "Idempotency-Key") == record["admit_token"]
+    assert [c["status"] for c in handle.trainer.deliveries()[rollout_id]] == ["COMPLETED"]
+
+
+def test_an_id_admitted_again_after_its_record_expired_gets_a_new_idempotency_key(
+    handle: FleetUnderTest,
+) -> None:
+    """A receiver that drops repeats by key must not drop a new admission's callback."""
+    rollout_id = new_id("again")
+    keys = []
+    for _ in range(2):
+        response = handle.init(handle.body(rollout_id, metadata=COMPLETE_AT_ONCE))
+        assert response.status_code == 202, response.text
+        handle.wait_status(rollout_id, {"success"})
+        deadline = time.monotonic() + 20
+        while handle.record(rollout_id) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the record's retention (2 s) runs out: the id is new again
+        keys = [header(c, "Idempotency-Key") for c in handle.trainer.calls("completed", rollout_id)]
+    assert len(keys) == 2, keys
+    assert keys[0] != keys[1]
+
+
+@pytest.mark.parametrize(
+    ("field_name", "key"),
+    [("api_key", "ключ-123"), ("api_key", "two words"), ("api_key", "sk-1\r\nX-Evil: 1")],
+)
+def test_a_v1_key_that_cannot_be_sent_is_refused_at_admission_without_echoing_it(
+    handle: FleetUnderTest, field_name: str, key: str
+) -> None:
+    rollout_id = new_id("badkey")
+    response = handle.init(handle.body(rollout_id, **{field_name: key}))
+    assert response.status_code == 422, response.text
+    assert field_name in response.text
+    assert "Bearer" in response.text
+    assert key not in response.text
+    assert json.dumps(key)[1:-1] not in response.text
+    assert not handle.record(rollout_id)
+
+
+def test_a_v2_key_that_cannot_be_sent_is_refused_at_admission_without_echoing_it(
+    start_fleet: StartFleet,
+) -> None:
+    v2 = start_fleet(SCRIPTED_V2_AGENT, workers=0, env=V2_ENV)
+    body = v2_body(v2.trainer.url, new_id("badkey2"), llm_api_key="sk-é")
+    response = v2.http.post("/rollout", json=body)
+    assert response.status_code == 422, response.text
+    assert "llm_api_key" in response.text
+    assert "sk-é" not in response.text
+    assert "sk-\\u00e9" not in response.text
+
+
+def test_a_callback_that_fails_the_same_way_every_time_ends_the_rollout_once(
+    start_fleet: StartFleet,
+) -> None:
+    """Any failure while posting (here a header the worker cannot encode, planted in the
+    record before a worker takes it) counts once: the rollout ends, its view saying why
+    (before: only the SDK's own errors were caught; anything else went back to the queue and
+    was retried for ever, the record renewed and never exhausted)."""
+    handle = start_fleet(workers=0)
+    rollout_id = new_id("unsendable")
+    assert handle.init(handle.body(rollout_id, metadata=COMPLETE_AT_ONCE)).status_code == 202
+    handle.redis.hset(handle.record_key(rollout_id), "admit_token", "tøken")
+    worker = handle.fleet.start_worker(1, handle.fleet.process_env())
+    try:
+        record = handle.wait_status(rollout_id, {"success", "failure"}, timeout=30)
+    finally:
+        worker.stop()
+    assert record["delivery"] == "failed: the callback could not be sent (UnicodeEncodeError)"
+    assert (record["attempt"], record["terminations"]) == ("1", "1")
+    view = handle.http.get(f"/v1/rollouts/{rollout_id}").json()
+    assert view["delivery"] == record["delivery"]
+    assert not handle.trainer.calls("completed", rollout_id)
+
+
+def test_a_trainer_slower_than_the_client_timeout_gets_identical_keyed_retries_and_is_told(
+    handle: FleetUnderTest,
+) -> None:
+    """The second documented window: a callback whose answer does not come within
+    ``OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS`` (2 s here; the trainer takes 3 s) is retried,
+    as the protocol says. Every attempt is the same body under the same key, and the record
+    says the trainer may have received it (before: "did not answer in time", as if it had
+    not)."""
+    rollout_id = new_id("slow-trainer")
+    handle.trainer.add_faults(
+        {"target": "completed", "delay_s": 3.0, "times": 3, "rollout_id": rollout_id}
+    )
+    assert handle.init(handle.body(rollout_id, metadata=COMPLETE_AT_ONCE)).status_code == 202
+    record = handle.wait_status(rollout_id, {"success", "failure"}, timeout=40)
+    assert record["delivery"] == (
+        "failed: the trainer did not answer in time (it may have received the callback)"
+    )
+    calls = handle.trainer.calls("completed", rollout_id)
+    assert len(calls) == 3  # the first and complete_rollout_retries (2)
+    assert {json.dumps(c["body"], sort_keys=True) for c in calls} == {
+        json.dumps(calls[0]["body"], sort_keys=True)
+    }
+    assert {header(c, "Idempotency-Key") for c in calls} == {record["admit_token"]}
+
+
+# --- a trainer whose door the test opens --------------------------------------------------------
+
+
+@dataclass
+class Doorway:
+    """A trainer on a listening socket whose accept queue is full: a worker's connection
+    attempts hang (their SYNs are dropped) until :meth:`open`, which starts answering every
+    callback with 200 and notes it. What a POST does is decided only once its connection is
+    made, so the test can freeze or kill the worker in between."""
+
+    sock: socket.socket = field(init=False)
+    plug: socket.socket = field(init=False)
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    def __post_init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.plug = socket.create_connection(self.sock.getsockname())  # fills the queue
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def open(self) -> None:
+        callbacks = self.callbacks
+
+        class Receiver(BaseHTTPRequestHandler):
+            timeout = 5
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                callbacks.append({"headers": dict(self.headers), "body": json.loads(body)})
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver, bind_and_activate=False)
+        server.socket.close()
+        server.socket = self.sock
+        self.server = server
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+        self.plug.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def doorway() -> Iterator[Doorway]:
+    door = Doorway()
+    yield door
+    door.close()
+
+
+def holder_pid(handle: FleetUnderTest, key: str) -> int:
+    execution = handle.record(key)["execution"]
+    return next(p.pid for p in handle.fleet.processes.values() if f":{p.pid}:" in execution)
+
+
+def wait_taken_over(handle: FleetUnderTest, key: str, execution: str) -> None:
+    deadline = time.monotonic() + 30
+    while handle.record(key).get("execution", execution) == execution:
+        assert time.monotonic() < deadline, handle.logs()
+        time.sleep(0.05)
+
+
+def test_a_worker_frozen_before_its_callback_went_out_never_posts_it(
+    start_fleet: StartFleet, doorway: Doorway
+) -> None:
+    """The worker stored the result (``delivering``) and was connecting to the trainer when it
+    froze past its lease; another worker took the rollout over and delivered it. Resumed, the
+    frozen worker checks its lease before its request goes out, finds it lost and posts
+    nothing (before: the delivery was shielded from the lease's cancel from the start, and the
+    trainer got a second callback)."""
+    handle = start_fleet(workers=2, env={"OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS": "20"})
+    rollout_id = new_id("frozen")
+    body = handle.body(rollout_id, server_url=doorway.url, metadata=COMPLETE_AT_ONCE)
+    assert handle.init(body).status_code == 202
+    handle.wait_status(rollout_id, {"delivering"})
+    time.sleep(0.3)  # its connection attempt is under way
+    frozen = holder_pid(handle, rollout_id)
+    execution = handle.record(rollout_id)["execution"]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        wait_taken_over(handle, rollout_id, execution)
+        doorway.open()
+        record = handle.wait_status(rollout_id, {"success", "failure"}, timeout=40)
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    assert record["delivery"] == "delivered", record
+    time.sleep(4)  # the resumed worker's connection completes and its lease is checked
+    assert len(doorway.callbacks) == 1, doorway.callbacks
+    assert header(doorway.callbacks[0], "Idempotency-Key") == record["admit_token"]
+    assert handle.record(rollout_id)["terminations"] == "1"
+
+
+def test_a_stored_result_whose_deliverers_keep_dying_ends_undelivered_once(
+    start_fleet: StartFleet, doorway: Doorway
+) -> None:
+    """Deliveries have a budget of their own (``ROLLOUT_FLEET_MAX_ATTEMPTS`` takeovers): a
+    result whose every deliverer dies ends with its own status and a delivery line saying so,
+    instead of being taken over for ever (before: a ``delivering`` rollout was never
+    exhausted)."""
+    handle = start_fleet(workers=3, env={"ROLLOUT_FLEET_MAX_ATTEMPTS": "1"})
+    rollout_id = new_id("undeliverable")
+    body = handle.body(rollout_id, server_url=doorway.url, metadata=COMPLETE_AT_ONCE)
+    assert handle.init(body).status_code == 202
+    handle.wait_status(rollout_id, {"delivering"})
+    for _ in range(2):  # the first deliverer, then the one that took it over
+        execution = handle.record(rollout_id)["execution"]
+        os.kill(holder_pid(handle, rollout_id), signal.SIGKILL)
+        wait_taken_over(handle, rollout_id, execution)
+    record = handle.wait_status(rollout_id, {"success", "failure"}, timeout=30)
+    assert record["status"] == "success"  # the agent's result stands
+    assert record["delivery"] == (
+        "not delivered: 2 tries, each ended by its worker stopping (crashed or killed) before "
+        "the trainer's answer was recorded; the trainer may have received it"
+    )
+    assert (record["deliveries"], record["terminations"]) == ("2", "1")
+    doorway.open()
+    time.sleep(1)
+    assert doorway.callbacks == []

@@ -1,0 +1,39 @@
+"""Following the warning of a fleet without ``ROLLOUT_FLEET_SECRET_KEY`` ("set it") on a fleet
+with queued rollouts, on real gateway and worker processes. Before: the key the fleet had
+generated (and kept in Redis) was dropped for the operator's own, so every rollout it had
+sealed failed at its worker with an error naming the setting."""
+
+from __future__ import annotations
+
+from cryptography.fernet import Fernet
+
+from tests.conftest import StartFleet
+from tests.harness import new_id
+
+SECRET_ENV = "ROLLOUT_FLEET_SECRET_KEY"
+TRAINER_KEY = "sk-trainer-generated-key"
+
+
+def test_rollouts_queued_under_the_generated_key_run_once_the_operator_sets_one(
+    start_fleet: StartFleet,
+) -> None:
+    handle = start_fleet(workers=0, env={SECRET_ENV: ""})  # empty: unset, a key is generated
+    queued = [new_id("queued") for _ in range(3)]
+    for rollout_id in queued:
+        response = handle.init(handle.body(rollout_id, api_key=TRAINER_KEY))
+        assert response.status_code == 202, response.text
+    assert "ROLLOUT_FLEET_SECRET_KEY is not set" in handle.fleet.processes["gateway"].output()
+
+    # The operator follows the warning: gateway and workers restart with a key of their own.
+    env = {**handle.fleet.process_env(), SECRET_ENV: Fernet.generate_key().decode()}
+    handle.fleet.processes.pop("gateway").stop()
+    handle.fleet.start_gateway(env)
+    handle.fleet.start_worker(1, env)
+    handle.fleet.wait_ready(60)
+    after = new_id("after")
+    assert handle.init(handle.body(after, api_key=TRAINER_KEY)).status_code == 202
+
+    deliveries = handle.wait_delivered([*queued, after])
+    for rollout_id in [*queued, after]:
+        (callback,) = deliveries[rollout_id]
+        assert callback["status"] == "COMPLETED", callback

@@ -1,0 +1,76 @@
+"""Two fleets on one real Redis database with different key prefixes and the same queue name.
+Before: nothing noticed; each fleet's workers took and ran the other's rollouts (the intake
+claimed any record key it was handed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from rollout_fleet.local import LocalFleet, fleet_command
+from rollout_fleet.processes import free_port, wait_until
+from tests.conftest import TEST_ENV, StartFleet
+from tests.harness import SCRIPTED_AGENT, new_id
+
+QUEUE = "shared-queue"
+OWNER_KEY = f"_rollout_fleet.queue_owner.{QUEUE}"
+
+
+def test_a_fleet_whose_queue_another_prefix_uses_refuses_to_start(start_fleet: StartFleet) -> None:
+    first = start_fleet(
+        workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": QUEUE}
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
+    env |= {
+        "REDIS_URL": first.fleet.redis_url,
+        "AGENT": SCRIPTED_AGENT,
+        "ROLLOUT_FLEET_KEY_PREFIX": "fb",
+        "ROLLOUT_FLEET_QUEUE": QUEUE,
+    }
+    for command in ("gateway", "worker"):
+        ports = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "gateway" else []
+        argv = fleet_command(command, *ports)
+        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        output = run.stdout + run.stderr
+        assert run.returncode == 2, output
+        assert "used by the fleet with key prefix 'fa'" in output
+        assert "ROLLOUT_FLEET_QUEUE" in output
+        assert "Traceback" not in output
+
+
+def test_a_worker_puts_back_another_fleets_message_and_ready_names_the_shared_queue(
+    start_fleet: StartFleet,
+) -> None:
+    """Fleet B queues a rollout; its registration is then deleted (as if B were gone) and
+    fleet A starts on the same queue. A's worker takes B's message, puts it back untouched
+    and says so; B's ``/ready`` fails naming the shared queue; B's own worker then runs it."""
+    fleet_b = start_fleet(
+        workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fb", "ROLLOUT_FLEET_QUEUE": QUEUE}
+    )
+    rollout_id = new_id("fleet-b")
+    assert fleet_b.init(fleet_b.body(rollout_id)).status_code == 202
+    fleet_b.redis.delete(OWNER_KEY)
+    fleet_a = LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=fleet_b.fleet.redis_url,
+        workers=1,
+        env={**TEST_ENV, "ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": QUEUE},
+        log_dir=fleet_b.fleet.log_dir / "fleet-a",
+    ).start()
+    try:
+        worker = fleet_a.processes["worker-1"]
+        wait_until(lambda: "put back another fleet's rollout" in worker.output(), 30, "put back")
+        assert f"fb:v1:{rollout_id}" in worker.output()
+        time.sleep(2)
+        assert fleet_b.record(rollout_id)["status"] == "queued"
+        assert fleet_b.redis.llen(QUEUE) == 1
+        ready = fleet_b.http.get("/ready")
+        assert ready.status_code == 503, ready.text
+        assert "used by the fleet with key prefix 'fa'" in ready.json()["queue"]
+    finally:
+        fleet_a.stop()
+    fleet_b.redis.delete(OWNER_KEY)  # A is gone: its registration goes too, as the fix says
+    fleet_b.fleet.start_worker(1)
+    (callback,) = fleet_b.wait_delivered([rollout_id])[rollout_id]
+    assert callback["status"] == "COMPLETED"
