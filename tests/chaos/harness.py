@@ -180,6 +180,7 @@ class Trainer:
     rejections: Counter[int] = field(default_factory=Counter)  # 429s and other refusals seen
     errors: list[str] = field(default_factory=list)
     broken_connections: int = 0  # requests a dying gateway never answered
+    stopping: bool = False  # set: v2 polls end (a trainer that gives up)
     _thread: threading.Thread | None = None
 
     def start(self) -> Trainer:
@@ -238,7 +239,7 @@ class Trainer:
         if token is None:
             return
         attempt = 0
-        while True:
+        while not self.stopping:
             url = f"{self._gateway(attempt)}/rollout/{rollout_id}/result"
             try:
                 response = await http.get(url, headers={LEASE_HEADER: token})
@@ -254,9 +255,13 @@ class Trainer:
             if response.status_code != 200:
                 raise AssertionError(f"poll answered {response.status_code}: {response.text}")
             result: dict[str, Any] = response.json()
-            if result["status"] in TERMINAL:
-                self.results[rollout_id] = result
+            if result["status"] in TERMINAL and await self._terminal(rollout_id, result):
                 return
+
+    async def _terminal(self, rollout_id: str, result: dict[str, Any]) -> bool:
+        """A terminal poll: kept; whether polling ends (a subclass may poll again)."""
+        self.results[rollout_id] = result
+        return True
 
     async def _admit_v2(self, http: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
         rollout_id = body["rollout_id"]

@@ -35,6 +35,9 @@ def main(
     replica_lag: Annotated[
         float, typer.Option(help="--sentinel: cut the replica off this long before each kill")
     ] = 0.0,
+    settle: Annotated[
+        float, typer.Option(help="Seconds past --duration to wait for every rollout to end")
+    ] = 120.0,
 ) -> None:
     full = SENTINEL_FULL_SIZE if sentinel else FULL_SIZE
     if replica_lag >= 1.0:
@@ -49,12 +52,12 @@ def main(
         failovers if failovers is not None else full.failovers,
         admission_replicas,
         replica_lag,
+        settle,
     )
     report = run(seed, size)
-    figures = {k: v for k, v in report.figures.items() if k not in ("faults", "logs")}
-    typer.echo(figures)
-    if report.violations:
-        typer.echo(f"{len(report.violations)} violations; replay: {replay_command(seed, size)}")
+    typer.echo(report.summary())
+    if report.found:
+        typer.echo(f"{len(report.found)} violations; replay: {replay_command(seed, size)}")
         raise typer.Exit(1)
 
 

@@ -1,97 +1,208 @@
 """The invariants, checked against every rollout's history once the schedule ran: its record
-in Redis, the callbacks the mock TrainGate received (v1) and the trainer's final poll (v2)."""
+in Redis (status, result, delivery), the callbacks the mock TrainGate received (v1), every
+terminal poll of the trainer and one more by the checker (v2), and which execution held it
+when its callback went out (``observe.Holders``).
+
+Each violation has a kind (``KINDS``), so a test can tell what the checker found."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.chaos.harness import TERMINAL, Protocol, Trainer
-from tests.nemesis.faults import CRASHES, Nemesis
+from tests.chaos.harness import TERMINAL, Protocol
+from tests.nemesis.faults import LEASE, Crash, Nemesis
+from tests.nemesis.observe import Holders, PollingTrainer, poll_once
 from tests.nemesis.stage import PREFIX, QUEUE, Stage
 
-# A v1 callback may repeat only if a worker crashed between the POST and the write that
-# records it: the repeat must follow a crash that came at most this long before the first
-# callback arrived, or at most this long after it (a stopped worker's lease takes its lease,
-# the sweep and the takeover to lapse). A failover is a crash: the workers' Redis died, and
-# a write it had not yet passed to the replica (the one recording a callback's outcome) is
-# gone; with ``--replica-lag`` up to that long before the kill, so it must stay under 1 s.
-CRASH_WINDOW_BEFORE = 1.0
-CRASH_WINDOW_AFTER = 10.0
-SETTLE_SECONDS = 180.0
+# A v1 callback may repeat only if the execution that posted it could not record its outcome:
+# its worker was kill -9-ed (or outlived a SIGTERM's grace and was killed) or stopped past
+# its lease from the POST to the write that records it (the POST's arrival to its answer,
+# ``callback_delay`` later), or a failover lost that write (up to ``replica_lag`` before the
+# kill). SLACK widens that window on both sides: the holders are sampled, the machine loaded.
+EXCUSES = frozenset({"kill9", "sigterm_killed", "sigstop", "failover"})
+SLACK = 1.0
+# A repeat arrives within a lease, a sweep and a claim of the crash that caused it.
+REPEAT_SECONDS = LEASE + 5.0
+KINDS = (
+    "lost",  # an admitted rollout has no record
+    "stuck",  # its record never became terminal
+    "unfinished",  # the run could not finish: a trainer waiting for a result, the nemesis
+    "terminations",  # a record made terminal other than once
+    "duplicate_callback",  # a v1 callback repeated without a crash of its holder
+    "no_callback",  # a finished v1 rollout whose trainer heard nothing
+    "idempotency_key",
+    "contradicting_result",  # callbacks, polls and the record disagree
+    "cancelled_success",
+    "untouched_failure",  # nothing cancelled it, yet it did not succeed
+    "no_ttl",
+    "leftover",  # queued, leased or active entries left
+    "process_died",
+    "trainer_error",  # an answer a trainer did not expect
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    protocol: str
+    rollout_id: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.protocol} {self.rollout_id}: {self.message}"
 
 
 @dataclass
 class Report:
-    violations: list[str] = field(default_factory=list)
+    found: list[Violation] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+    replay: str = ""
 
-    def fail(self, message: str) -> None:
-        if len(self.violations) < 50:
-            self.violations.append(message)
+    def fail(self, kind: str, protocol: str, rollout_id: str, message: str) -> None:
+        assert kind in KINDS, kind
+        self.found.append(Violation(kind, protocol, rollout_id, message))
+
+    @property
+    def violations(self) -> list[str]:
+        return [str(violation) for violation in self.found]
+
+    def kinds(self) -> Counter[str]:
+        return Counter(violation.kind for violation in self.found)
+
+    def ids(self, kind: str) -> set[str]:
+        return {violation.rollout_id for violation in self.found if violation.kind == kind}
+
+    def summary(self, shown: int = 40) -> str:
+        """The figures that say how the run went, the violations, the replay command."""
+        keys = (
+            "admitted",
+            "statuses",
+            "lost",
+            "stuck",
+            "unfinished",
+            "crashes",
+            "v1_callbacks",
+            "v1_repeats",
+            "v1_repeats_excused_by",
+            "delivering_cancels_landed",
+            "failovers",
+            "run_s",
+        )
+        lines = [f"{key}: {self.figures[key]}" for key in keys if key in self.figures]
+        lines.append(f"{len(self.found)} violations {dict(self.kinds())}")
+        lines += [f"  {violation}" for violation in self.violations[:shown]]
+        if len(self.found) > shown:
+            lines.append(f"  … {len(self.found) - shown} more in the figures file")
+        if self.replay:
+            lines.append(f"replay: {self.replay}")
+        return "\n".join(lines)
 
 
-def check(stage: Stage, nemesis: Nemesis, trainers: dict[Protocol, Trainer]) -> Report:
-    report = Report()
+@dataclass(frozen=True)
+class Window:
+    """What the v1 excuse needs to know of the run."""
+
+    callback_delay: float = 0.0
+    replica_lag: float = 0.0
+
+
+def check(
+    stage: Stage,
+    nemesis: Nemesis,
+    trainers: dict[Protocol, PollingTrainer],
+    holders: Holders,
+    deadline: float,
+    window: Window,
+    report: Report | None = None,
+) -> Report:
+    """Wait (until ``deadline``, monotonic) for every admitted rollout to end and for repeats to
+    arrive, then check every rollout; ``report`` may hold what the run found already."""
+    report = report or Report()
     client = stage.redis()
     records = {
         protocol: {i: stage.record_key(protocol, i) for i in trainer.admitted}
         for protocol, trainer in trainers.items()
     }
-    statuses = _settle(client, records)
-    callbacks = _v1_callbacks(stage, set(records["v1"]))
+    began = time.monotonic()
+    statuses = _settle(client, records, deadline)
+    settled = time.monotonic()
+    callbacks = _v1_callbacks(stage, set(records["v1"]), nemesis, deadline)
+    holders.stop()
+    called = time.monotonic()
+    final_polls = _final_polls(stage, trainers["v2"], statuses["v2"])
+    report.figures["check_s"] = {
+        "settle": round(settled - began, 1),
+        "callbacks": round(called - settled, 1),
+        "final_polls": round(time.monotonic() - called, 1),
+    }
     terminations: Counter[str] = Counter()
-    repeated_near: Counter[str] = Counter()  # the crash kinds near each repeated callback
+    excused: Counter[str] = Counter()
     for protocol, keys in records.items():
         for rollout_id, key in keys.items():
-            record = client.hgetall(key)
+            record: dict[str, str] = client.hgetall(key)  # type: ignore[assignment]
             terminations[record.get("terminations", "0")] += 1
-            _check_record(report, nemesis, trainers[protocol], protocol, rollout_id, record)
+            if not _check_record(report, nemesis, protocol, rollout_id, record):
+                continue
             if protocol == "v1":
                 calls = callbacks.get(rollout_id, [])
-                near = _check_callbacks(report, nemesis, rollout_id, record, calls)
-                repeated_near.update(near if len(calls) > 1 else [])
+                excused.update(
+                    _check_callbacks(report, nemesis, holders, window, key, record, calls)
+                )
+            else:
+                polls = trainers["v2"].polls.get(rollout_id, []) + final_polls.get(rollout_id, [])
+                _check_polls(report, trainers["v2"], rollout_id, record, polls)
             if client.pttl(key) <= 0:
-                report.fail(f"{key}: no TTL ({client.pttl(key)})")
+                report.fail("no_ttl", protocol, rollout_id, f"{key}: TTL {client.pttl(key)}")
     _check_leftovers(report, stage, client, trainers)
     client.close()
-    report.figures = {
+    report.figures |= {
         **_status_figures(statuses, trainers),
         "terminations": dict(terminations),
         "v1_callbacks": sum(len(c) for c in callbacks.values()),
         "v1_repeats": sum(max(0, len(c) - 1) for c in callbacks.values()),
-        "v1_repeats_near": dict(repeated_near),
-        "crashes": dict(Counter(kind for _, kind in nemesis.crashes)),
+        "v1_repeats_excused_by": dict(excused),
+        "v2_terminal_polls": sum(len(p) for p in trainers["v2"].polls.values())
+        + sum(len(p) for p in final_polls.values()),
+        "crashes": dict(Counter(crash.kind for crash in nemesis.crashes)),
+        "crash_log": [crash.describe() for crash in nemesis.crashes],
+        "delivering_cancels": nemesis.delivering_cancels,
+        "delivering_cancels_landed": sum(c["landed"] for c in nemesis.delivering_cancels),
+        "holder_samples": holders.samples,
         "failovers": stage.failovers,
         "faults": nemesis.log,
         "fault_errors": nemesis.errors,
+        "violation_kinds": dict(report.kinds()),
     }
     return report
 
 
 def _check_leftovers(
-    report: Report, stage: Stage, client: Any, trainers: dict[Protocol, Trainer]
+    report: Report, stage: Stage, client: Any, trainers: dict[Protocol, PollingTrainer]
 ) -> None:
     """Nothing left queued, leased or active; every fleet process alive; no answer a
     trainer did not expect (it would have given up on that rollout)."""
     for protocol, trainer in trainers.items():
         for error in trainer.errors[:10]:
-            report.fail(f"{protocol} trainer: {error}")
+            rollout_id, _, message = error.partition(": ")
+            report.fail("trainer_error", protocol, rollout_id, message)
     for protocol in ("v1", "v2"):
         for index in ("leases", "active"):
-            if left := client.zcard(f"{PREFIX[protocol]}:{index}"):
-                report.fail(f"{protocol}: {left} entries left in {index}")
+            if left := client.zrange(f"{PREFIX[protocol]}:{index}", 0, -1):
+                report.fail("leftover", protocol, "-", f"{len(left)} left in {index}: {left[:5]}")
         if left := client.llen(QUEUE[protocol]):
-            report.fail(f"{protocol}: {left} messages left in its queue")
+            report.fail("leftover", protocol, "-", f"{left} messages left in its queue")
         for name, process in stage.fleets[protocol].processes.items():
             if not process.alive():
-                report.fail(f"{protocol} {name} died by itself")
+                report.fail("process_died", protocol, "-", f"{name} died by itself")
 
 
 def _status_figures(
-    statuses: dict[Protocol, dict[str, str]], trainers: dict[Protocol, Trainer]
+    statuses: dict[Protocol, dict[str, str]], trainers: dict[Protocol, PollingTrainer]
 ) -> dict[str, Any]:
     """How admitted rollouts ended: lost (no record), stuck (not terminal), refusals seen."""
     unfinished = TERMINAL | {"missing"}
@@ -100,15 +211,17 @@ def _status_figures(
         "admitted": {p: len(t.admitted) for p, t in trainers.items()},
         "lost": {p: sum(s == "missing" for s in by.values()) for p, by in statuses.items()},
         "stuck": {p: sum(s not in unfinished for s in by.values()) for p, by in statuses.items()},
+        "unfinished": {p: len(t.unfinished()) for p, t in trainers.items()},
         "orphaned_v2": len(trainers["v2"].orphaned),
         "refusals": {p: dict(t.rejections) for p, t in trainers.items()},
         "trainer_errors": sum(len(t.errors) for t in trainers.values()),
     }
 
 
-def _settle(client: Any, records: dict[Protocol, dict[str, str]]) -> dict[Protocol, dict[str, str]]:
-    """Wait until every admitted rollout is terminal (or the settle time ran out)."""
-    deadline = time.monotonic() + SETTLE_SECONDS
+def _settle(
+    client: Any, records: dict[Protocol, dict[str, str]], deadline: float
+) -> dict[Protocol, dict[str, str]]:
+    """Wait until every admitted rollout is terminal (or ``deadline`` passed)."""
     while True:
         statuses = {
             protocol: {i: client.hget(k, "status") or "missing" for i, k in keys.items()}
@@ -120,20 +233,34 @@ def _settle(client: Any, records: dict[Protocol, dict[str, str]]) -> dict[Protoc
         time.sleep(0.5)
 
 
-def _v1_callbacks(stage: Stage, admitted: set[str]) -> dict[str, list[dict[str, Any]]]:
-    deadline = time.monotonic() + 60
+def _v1_callbacks(
+    stage: Stage, admitted: set[str], nemesis: Nemesis, deadline: float
+) -> dict[str, list[dict[str, Any]]]:
+    """Each v1 rollout's answered callbacks, once every admitted one has one (or ``deadline``
+    passed) and a repeat of the last crash or callback would have arrived."""
     while True:
         calls = [c for c in stage.trainer.calls("completed") if c["status"] == 200]
-        seen = {c["rollout_id"] for c in calls}
-        if admitted <= seen or time.monotonic() > deadline:
+        if admitted <= {c["rollout_id"] for c in calls} or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    time.sleep(CRASH_WINDOW_AFTER)  # a repeat would arrive now
+    latest = max([c["at"] for c in calls] + [crash.until for crash in nemesis.crashes] + [0.0])
+    time.sleep(max(0.0, min(latest + REPEAT_SECONDS - time.time(), REPEAT_SECONDS)))
     by_id: dict[str, list[dict[str, Any]]] = {}
     for call in stage.trainer.calls("completed"):
         if call["status"] == 200:
             by_id.setdefault(call["rollout_id"], []).append(call)
     return by_id
+
+
+def _final_polls(
+    stage: Stage, trainer: PollingTrainer, statuses: dict[str, str]
+) -> dict[str, list[dict[str, Any]]]:
+    """One more poll of every finished v2 rollout whose lease token the trainer holds."""
+    gateways = stage.fleets["v2"].gateway_urls
+    finished = [(i, token) for i, token in trainer.tokens.items() if statuses.get(i) in TERMINAL]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda one: poll_once(gateways, *one), finished))
+    return {i: [r] for (i, _), r in zip(finished, results, strict=True) if r is not None}
 
 
 def _touched(nemesis: Nemesis, protocol: Protocol, rollout_id: str, accepted_ms: int) -> bool:
@@ -148,54 +275,166 @@ def _touched(nemesis: Nemesis, protocol: Protocol, rollout_id: str, accepted_ms:
 def _check_record(
     report: Report,
     nemesis: Nemesis,
-    trainer: Trainer,
     protocol: Protocol,
     rollout_id: str,
     record: dict[str, str],
-) -> None:
-    status = record.get("status", "missing")
+) -> bool:
+    """The record's own invariants; whether it is terminal (its results can be compared)."""
+    status = record.get("status")
+    if status is None:
+        report.fail("lost", protocol, rollout_id, "admitted, no record")
+        return False
     if status not in TERMINAL:
-        report.fail(f"{protocol} {rollout_id}: lost or stuck ({status})")
-        return
+        held = record.get("execution") or "nobody"
+        report.fail("stuck", protocol, rollout_id, f"{status}, held by {held}")
+        return False
     if record.get("terminations") != "1":
-        report.fail(f"{protocol} {rollout_id}: terminated {record.get('terminations')} times")
+        report.fail(
+            "terminations", protocol, rollout_id, f"terminated {record.get('terminations')} times"
+        )
     if record.get("cancel_requested") and status == "success":
-        report.fail(f"{protocol} {rollout_id}: cancelled, yet success")
+        report.fail("cancelled_success", protocol, rollout_id, "cancelled, yet success")
     touched = _touched(nemesis, protocol, rollout_id, int(record.get("accepted_at", 0)))
-    if not touched and rollout_id not in trainer.orphaned and status != "success":
-        report.fail(f"{protocol} {rollout_id}: untouched, yet {status}: {record.get('result')}")
-    if protocol == "v2" and rollout_id in trainer.results:
-        polled = trainer.results[rollout_id]["status"]
-        if polled != status:
-            report.fail(f"v2 {rollout_id}: polled {polled}, record says {status}")
+    orphaned = rollout_id in nemesis.trainers["v2"].orphaned
+    if not touched and not orphaned and status != "success":
+        result = (record.get("result") or "")[:300]
+        report.fail("untouched_failure", protocol, rollout_id, f"{status}: {result}")
+    return True
+
+
+def _stored(record: dict[str, str]) -> Any:
+    try:
+        return json.loads(record.get("result") or "null")
+    except ValueError:
+        return record.get("result")
+
+
+def _check_polls(
+    report: Report,
+    trainer: PollingTrainer,
+    rollout_id: str,
+    record: dict[str, str],
+    polls: list[dict[str, Any]],
+) -> None:
+    """Every terminal poll of a v2 rollout returned the record's result, and the same one."""
+    if not polls:
+        if rollout_id not in trainer.orphaned:
+            report.fail("unfinished", "v2", rollout_id, "the trainer never got its result")
+        return
+    stored, status = _stored(record), record.get("status")
+    statuses = [poll.get("status") for poll in polls]
+    if any(poll != polls[0] for poll in polls):
+        report.fail("contradicting_result", "v2", rollout_id, f"polls disagree: {statuses}")
+    if any(poll != stored for poll in polls) or any(s != status for s in statuses):
+        report.fail(
+            "contradicting_result",
+            "v2",
+            rollout_id,
+            f"polled {statuses}, the record says {status}: {str(stored)[:200]}",
+        )
 
 
 def _check_callbacks(
     report: Report,
     nemesis: Nemesis,
-    rollout_id: str,
+    holders: Holders,
+    window: Window,
+    key: str,
     record: dict[str, str],
     calls: list[dict[str, Any]],
 ) -> list[str]:
-    """Checks one v1 rollout's callbacks; the kinds of the crashes near its first one."""
+    """Checks one finished v1 rollout's callbacks against its record and each other; the
+    kinds of the crashes that excuse its repeats."""
+    rollout_id = record.get("rollout_id") or key.split(":", 2)[2]
+    status, delivery = record.get("status"), record.get("delivery", "")
     if not calls:
-        report.fail(f"v1 {rollout_id}: no callback ({record.get('status')})")
+        report.fail("no_callback", "v1", rollout_id, f"{status}, delivery: {delivery!r}")
         return []
     keys = {{k.lower(): v for k, v in c["headers"].items()}.get("idempotency-key") for c in calls}
     if keys != {record.get("admit_token")}:  # one key per admission, on every repeat
-        report.fail(f"v1 {rollout_id}: Idempotency-Key {keys}")
-    bodies = {c["body"].get("status") for c in calls}
-    if len(bodies) > 1:
-        report.fail(f"v1 {rollout_id}: callbacks disagree: {bodies}")
-    first = min(c["at"] for c in calls)
-    crashes = [
-        kind
-        for at, kind in nemesis.crashes
-        if kind in CRASHES and first - CRASH_WINDOW_BEFORE <= at <= first + CRASH_WINDOW_AFTER
-    ]
-    if len(calls) > 1 and not crashes:
-        report.fail(f"v1 {rollout_id}: {len(calls)} callbacks, no crash near the first")
-    return crashes
+        report.fail("idempotency_key", "v1", rollout_id, f"Idempotency-Key {keys}")
+    stored = _stored(record)
+    said = [c["body"].get("status") for c in calls]
+    if any(c["body"] != calls[0]["body"] for c in calls):
+        report.fail("contradicting_result", "v1", rollout_id, f"callbacks disagree: {said}")
+    if any(c["body"] != stored for c in calls):
+        report.fail(
+            "contradicting_result", "v1", rollout_id, f"callbacks {said} differ from the stored"
+        )
+    if any((s == "COMPLETED") != (status == "success") for s in said):
+        report.fail("contradicting_result", "v1", rollout_id, f"called back {said}, {status}")
+    if delivery != "delivered" and not _may_have_received(delivery):
+        report.fail(
+            "contradicting_result",
+            "v1",
+            rollout_id,
+            f"{len(calls)} callbacks answered 200, the record says delivery {delivery!r}",
+        )
+    if _may_have_received(delivery):  # the client timed out: its retries may all arrive
+        return ["client_timeout"] * (len(calls) - 1)
+    return _excuse_repeats(report, nemesis, holders, window, key, rollout_id, calls)
 
 
-__all__ = ["CRASH_WINDOW_AFTER", "CRASH_WINDOW_BEFORE", "Report", "check"]
+def _may_have_received(delivery: str) -> bool:
+    """The record says the trainer may have received the callback more than once (every
+    attempt timed out, the SDK retrying): a documented repeat window of its own."""
+    return "may have received" in delivery
+
+
+def _excuse_repeats(
+    report: Report,
+    nemesis: Nemesis,
+    holders: Holders,
+    window: Window,
+    key: str,
+    rollout_id: str,
+    calls: list[dict[str, Any]],
+) -> list[str]:
+    """Each callback but the last needs a crash of its own that explains the next one."""
+    arrivals = sorted(c["at"] for c in calls)
+    used: list[Crash] = []
+    for at in arrivals[:-1]:
+        held = holders.around(key, at, before=LEASE + 3, after=window.callback_delay + SLACK)
+        crash = _excuse(at, {h.pid for h in held}, nemesis.crashes, window, used)
+        if crash is None:
+            near = [
+                f"{c.kind} {c.protocol or 'redis'} {c.name} pid {c.pid} at {c.at - at:+.1f}s"
+                for c in nemesis.crashes
+                if abs(c.at - at) <= 15
+            ]
+            holding = sorted({f"{h.execution} ({h.status})" for h in held})
+            report.fail(
+                "duplicate_callback",
+                "v1",
+                rollout_id,
+                f"{len(calls)} callbacks; none of its holders {holding} crashed in the window "
+                f"of the one at {time.strftime('%H:%M:%S', time.localtime(at))}"
+                f" (crashes within 15 s: {near or 'none'})",
+            )
+            return [crash.kind for crash in used]
+        used.append(crash)
+    return [crash.kind for crash in used]
+
+
+def _excuse(
+    at: float, pids: set[int], crashes: list[Crash], window: Window, used: list[Crash]
+) -> Crash | None:
+    """A crash (not already used) that explains a repeat of the callback that arrived ``at``,
+    sent by one of the executions of ``pids``."""
+    low, high = at - SLACK, at + window.callback_delay + SLACK
+    for crash in crashes:
+        if crash in used or crash.kind not in EXCUSES:
+            continue
+        if crash.kind == "failover" and low <= crash.at <= high + window.replica_lag:
+            return crash
+        if crash.pid not in pids:
+            continue
+        if crash.kind == "sigstop":
+            if crash.until - crash.at > LEASE and crash.at <= high and crash.until >= low:
+                return crash
+        elif low <= crash.at <= high:
+            return crash
+    return None
+
+
+__all__ = ["EXCUSES", "KINDS", "SLACK", "Report", "Violation", "Window", "check"]

@@ -1,8 +1,12 @@
 """The fault schedule: drawn from a seed, applied while rollouts run.
 
-Each kind is something the fleet must survive without breaking the promise. ``CRASHES`` are
-the kinds that may repeat a v1 callback: a worker that dies (or stops past its lease, or
-whose Redis dies) between the POST and the write that records it.
+Each kind is something the fleet must survive without breaking the promise. Every fault that
+hits a process is remembered as a :class:`Crash`: which fleet, which process (name and pid),
+when, and for a ``SIGSTOP`` when it was resumed. Only some may repeat a v1 callback (the
+checker's ``EXCUSES``): a worker ``kill -9``-ed, or stopped past its lease, between the POST
+and the write that records it, and a failover (the write may not have reached the replica).
+A ``SIGTERM`` hands back cleanly and never hands back a delivering rollout: it excuses
+nothing, unless the worker outlived the stop's grace and was killed (``sigterm_killed``).
 
 The sentinel stage adds ``failover``: the primary the sentinels name is killed (``kill -9``),
 the other server takes over, the killed one comes back as its replica, ready for the next
@@ -15,6 +19,7 @@ crash; with ``ROLLOUT_FLEET_ADMISSION_REPLICAS=1`` admissions answer 503 until i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import signal
@@ -22,13 +27,17 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import httpx
 from celery import Celery
 
+from rollout_core.protocols import cancelled_result
+from rollout_core.settings import FleetSettings
+from rollout_core.store import RecordKey, RecordStore
 from rollout_fleet.local import fleet_command
+from rollout_fleet.redis_server import SentinelSet
 from tests.chaos.harness import Protocol, Trainer
 from tests.nemesis.stage import PREFIX, WORKERS, Stage
 
@@ -49,9 +58,10 @@ KINDS = {
 }
 # The sentinel stage's kinds: the same, and failovers.
 SENTINEL_KINDS = {**KINDS, "failover": 3}
-CRASHES = {"kill9", "sigstop", "sigterm", "redis_restart", "failover"}
 GROUPS = 10  # rollout ids are <protocol>-g<group>-<n>: what a prefix cancel selects
 LEASE = 3.0  # STAGE_ENV's lease
+STOP_GRACE = 10.0  # a SIGTERM-ed worker still alive after this is killed
+DELIVERING_SEARCH = 3.0  # seconds a delivery-window cancel looks for a delivering rollout
 
 
 @dataclass
@@ -97,6 +107,23 @@ def schedule(
     return sorted(faults, key=lambda fault: fault.at)
 
 
+@dataclass(frozen=True)
+class Crash:
+    """A fault that hit a process: ``at`` (epoch seconds) it was hit; ``until``, when a
+    stopped one was resumed (``at`` for the others). ``protocol`` is ``None`` for Redis, which
+    every process of both fleets uses; then ``name`` is the server's port and ``pid`` 0."""
+
+    at: float
+    kind: str
+    protocol: Protocol | None
+    name: str
+    pid: int
+    until: float
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class Nemesis:
     """Applies faults at their times (from its own thread) and remembers what it did."""
@@ -106,11 +133,14 @@ class Nemesis:
     trainers: dict[Protocol, Trainer]  # their ``admitted`` grows as they go
     bodies: dict[str, dict[str, Any]]  # by rollout id, to re-admit
     log: list[dict[str, Any]] = field(default_factory=list)
-    crashes: list[tuple[float, str]] = field(default_factory=list)  # (epoch time, kind)
+    crashes: list[Crash] = field(default_factory=list)
     cancelled: dict[str, list[str]] = field(default_factory=dict)  # rollout id → how
     cancelled_groups: list[str] = field(default_factory=list)  # v2 id prefixes cancelled
     cancel_all_at: list[float] = field(default_factory=list)  # epoch times of v2 cancel-all
     readmitted: dict[str, int] = field(default_factory=dict)  # rollout id → status answered
+    # each delivery-window cancel: the rollout, the cancel's answer, whether the record was
+    # still delivering once the cancel had answered (so the cancel landed in the window)
+    delivering_cancels: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _thread: threading.Thread | None = None
 
@@ -119,21 +149,27 @@ class Nemesis:
         self._thread.start()
         return self
 
-    def join(self, timeout: float) -> None:
+    def join(self, timeout: float) -> bool:
+        """Wait for the schedule to end; whether it did."""
         assert self._thread is not None
         self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the nemesis is still at work"
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         started = time.monotonic()
         for fault in self.faults:
             time.sleep(max(0.0, fault.at - (time.monotonic() - started)))
-            try:
-                done = getattr(self, f"_{fault.kind}")(fault)
-            except Exception as exc:  # a fault that could not be applied is reported
-                self.errors.append(f"{fault.kind}@{fault.at}: {type(exc).__name__}: {exc}")
-                done = "error"
-            self.log.append({**fault.describe(), "done": done, "epoch": time.time()})
+            self.apply(fault)
+
+    def apply(self, fault: Fault) -> str:
+        """Apply one fault now (its ``at`` aside) and remember it; what it did."""
+        try:
+            done: str = getattr(self, f"_{fault.kind}")(fault)
+        except Exception as exc:  # a fault that could not be applied is reported
+            self.errors.append(f"{fault.kind}@{fault.at}: {type(exc).__name__}: {exc}")
+            done = "error"
+        self.log.append({**fault.describe(), "done": done, "epoch": time.time()})
+        return done
 
     # --- processes ---------------------------------------------------------------------
 
@@ -142,31 +178,50 @@ class Nemesis:
         name = f"worker-{fault.index}"
         return name, fleet.processes[name]
 
-    def _crash(self, kind: str) -> None:
-        self.crashes.append((time.time(), kind))
+    def _crash(
+        self, kind: str, protocol: Protocol | None, name: str, pid: int, at: float | None = None
+    ) -> Crash:
+        at = time.time() if at is None else at
+        crash = Crash(at, kind, protocol, name, pid, at)
+        self.crashes.append(crash)
+        return crash
+
+    def _resumed(self, crash: Crash) -> None:
+        self.crashes[self.crashes.index(crash)] = replace(crash, until=time.time())
 
     def _kill9(self, fault: Fault) -> str:
         name, process = self._worker(fault)
-        self._crash("kill9")
+        self._crash("kill9", fault.protocol, name, process.pid)
         process.kill()
         time.sleep(0.5 + 1.5 * fault.pick)  # the supervisor's restart delay
         self.stage.fleets[fault.protocol].restart_dead_workers()
-        return name
+        return f"{name} ({process.pid})"
 
     def _sigstop(self, fault: Fault) -> str:
         name, process = self._worker(fault)
-        self._crash("sigstop")
+        crash = self._crash("sigstop", fault.protocol, name, process.pid)
         process.signal(signal.SIGSTOP)
         time.sleep(LEASE + 1 + 2 * fault.pick)  # past its lease: its rollouts go elsewhere
         process.signal(signal.SIGCONT)
-        return name
+        self._resumed(crash)
+        return f"{name} ({process.pid})"
 
     def _sigterm(self, fault: Fault) -> str:
+        """A graceful stop (a deploy): SIGTERM, its grace; killed only if it outlives that."""
         name, process = self._worker(fault)
-        self._crash("sigterm")
-        process.stop()  # SIGTERM, its grace, then gone
+        self._crash("sigterm", fault.protocol, name, process.pid)
+        process.terminate()
+        assert process.process is not None
+        try:
+            process.process.wait(STOP_GRACE)
+            how = "stopped"
+        except subprocess.TimeoutExpired:
+            self._crash("sigterm_killed", fault.protocol, name, process.pid)
+            process.kill()
+            how = "killed past its grace"
+        process.stop()  # reaped: closes its log
         self.stage.fleets[fault.protocol].restart_dead_workers()
-        return name
+        return f"{name} ({process.pid}) {how}"
 
     def _client_kill(self, fault: Fault) -> str:
         client = self.stage.redis()
@@ -177,23 +232,25 @@ class Nemesis:
 
     def _redis_restart(self, fault: Fault) -> str:
         if self.stage.sentinels is not None:  # the replica's: no fleet process uses it
-            self._crash("replica_restart")
+            self._crash("replica_restart", None, str(self.stage.replica().port), 0)
             self.stage.restart_redis()
             return "replica restarted"
-        self._crash("redis_restart")
+        self._crash("redis_restart", None, str(self.stage.primary().port), 0)
         self.stage.restart_redis()
         return "restarted"
 
     def _failover(self, fault: Fault) -> str:
         if self.stage.sentinels is None:
             raise RuntimeError("a failover needs the sentinel stage (--sentinel)")
-        figures = self.stage.failover(lambda: self._crash("failover"))
+        port = str(self.stage.primary().port)
+        figures = self.stage.failover(lambda: self._crash("failover", None, port, 0))
         return json.dumps(figures)
 
     def _gateway_kill(self, fault: Fault) -> str:
         fleet = self.stage.fleets[fault.protocol]
         index = 1 + fault.index % 2
         name = "gateway" if index == 1 else f"gateway-{index}"
+        self._crash("gateway_kill", fault.protocol, name, fleet.processes[name].pid)
         fleet.processes[name].kill()
         time.sleep(0.5 + fault.pick)
         fleet.processes.pop(name).stop()
@@ -248,16 +305,50 @@ class Nemesis:
         return self._v2_cancel({"all": True})
 
     def _cancel_delivering(self, fault: Fault) -> str:
-        """A v1 cancel while its completion callback is on the wire."""
+        """A v1 cancel while its completion callback is on the wire: the first rollout seen
+        delivering within ``DELIVERING_SEARCH`` seconds, cancelled at once through the store
+        (what ``rollout-fleet cancel`` calls: the CLI alone takes longer to start than a
+        callback to answer). Whether the cancel landed while it was delivering is read back:
+        the record not yet finished once the cancel had answered."""
         client = self.stage.redis()
+        deadline = time.monotonic() + DELIVERING_SEARCH
         try:
-            for record in client.zrange(f"{PREFIX['v1']}:active", 0, -1):
-                if client.hget(record, "status") == "delivering":
-                    rollout_id = record.split(":", 2)[2]
-                    return self._cancel("v1", [rollout_id], "delivering")
+            while time.monotonic() < deadline:
+                records = client.zrange(f"{PREFIX['v1']}:leases", 0, -1)
+                for record in records:
+                    if client.hget(record, "status") == "delivering":
+                        return self._cancel_now(client, record)
+                time.sleep(0.02)
         finally:
             client.close()
         return "none delivering"
+
+    def _cancel_now(self, client: Any, record: str) -> str:
+        rollout_id = record.split(":", 2)[2]
+        self.cancelled.setdefault(rollout_id, []).append("delivering")
+        outcome = asyncio.run(self._store_cancel(record))
+        status = client.hget(record, "status")
+        landed = outcome == "finished" and status == "delivering"
+        self.delivering_cancels.append(
+            {"rollout_id": rollout_id, "outcome": outcome, "status_after": status, "landed": landed}
+        )
+        return f"{rollout_id}: {outcome} (then {status})"
+
+    async def _store_cancel(self, record: str) -> str:
+        settings = FleetSettings(
+            REDIS_URL=self.stage.redis_url,
+            key_prefix=PREFIX["v1"],
+            sentinel_master=SentinelSet.MASTER,
+        )
+        store = RecordStore.connect(settings, max_connections=2)
+        try:
+            key = RecordKey(record)
+            outcomes = await store.cancel(
+                {key: cancelled_result(store.keys, key)}, settings.result_retention_seconds
+            )
+            return str(outcomes[key].value)
+        finally:
+            await store.aclose()
 
     def _revoke(self, fault: Fault) -> str:
         """Flower's Revoke button: a Celery revoke of a running rollout's task id."""
@@ -296,4 +387,4 @@ class Nemesis:
         return f"{rollout_id}: {response.status_code}"
 
 
-__all__ = ["CRASHES", "KINDS", "SENTINEL_KINDS", "Fault", "Nemesis", "schedule"]
+__all__ = ["KINDS", "LEASE", "SENTINEL_KINDS", "Crash", "Fault", "Nemesis", "schedule"]

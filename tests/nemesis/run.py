@@ -1,20 +1,28 @@
 """One nemesis run: start the stage, offer rollouts to both fleets while the schedule's faults
-land, then check; the figures go to ``test-output/nemesis/seed-<seed>.json``."""
+land, then check; the figures go to ``test-output/nemesis/seed-<seed>.json``.
+
+The run is bounded: ``duration + settle`` seconds after the first offer, whatever is still
+unfinished (a trainer waiting for a result, a stuck rollout) is a violation of the report,
+with every figure and the replay command, never an exception that loses them. A ``plant``
+(the checker's own test) runs beside the schedule, to break the promise on purpose."""
 
 from __future__ import annotations
 
 import json
 import random
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.harness import Protocol, Trainer
+from tests.chaos.harness import Protocol
 from tests.harness import REPO, v1_body, v2_body
-from tests.nemesis.checker import Report, check
+from tests.nemesis.checker import Report, Window, check
 from tests.nemesis.faults import GROUPS, SENTINEL_KINDS, Fault, Nemesis, schedule
+from tests.nemesis.observe import Holders, PollingTrainer
 from tests.nemesis.stage import Stage
 
 FIGURES = REPO / "test-output" / "nemesis"
@@ -32,9 +40,16 @@ class Size:
     failovers: int = 0  # the sentinel stage: at least this many failovers in the schedule
     admission_replicas: int = 1  # the sentinel stage: ROLLOUT_FLEET_ADMISSION_REPLICAS
     replica_lag: float = 0.0  # the sentinel stage: replica cut off this long before a kill
+    settle: float = 120.0  # seconds past ``duration`` the run waits for every rollout to end
 
 
-CI_SIZE = Size(rollouts=200, faults=14, duration=45)
+# Breaks the promise on purpose beside the schedule (the checker's own test): run in a thread
+# of its own with the stage, the trainers, the nemesis, and an event set once the check is done.
+Plant = Callable[[Stage, dict[Protocol, PollingTrainer], Nemesis, threading.Event], None]
+# With a callback delay, the schedule has at least this many delivery-window cancels.
+DELIVERING_CANCELS = 2
+
+CI_SIZE = Size(rollouts=200, faults=14, duration=45, callback_delay=0.3)
 FULL_SIZE = Size(rollouts=1000, faults=36, duration=150)
 SENTINEL_CI_SIZE = Size(rollouts=200, faults=16, duration=45, sentinel=True, failovers=3)
 SENTINEL_FULL_SIZE = Size(rollouts=600, faults=30, duration=120, sentinel=True, failovers=6)
@@ -67,67 +82,90 @@ def replay_command(seed: int, size: Size) -> str:
     return (
         f"uv run python -m tests.nemesis --seed {seed} --rollouts {size.rollouts} "
         f"--faults {size.faults} --duration {size.duration:g}{only} "
-        f"--callback-delay {size.callback_delay:g}{sentinel}"
+        f"--callback-delay {size.callback_delay:g} --settle {size.settle:g}{sentinel}"
     )
 
 
-def run(seed: int, size: Size, workdir: Path | None = None) -> Report:
+def run(seed: int, size: Size, workdir: Path | None = None, plant: Plant | None = None) -> Report:
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"nemesis-{seed}-"))
     started = time.monotonic()
+    report = Report(replay=replay_command(seed, size))
     stage = Stage(workdir, size.sentinel, size.admission_replicas, size.replica_lag).start()
+    report.figures["phases_s"] = {"stage_up": round(time.monotonic() - started, 1)}
     try:
-        report = _exercise(seed, size, stage)
-        if report.violations:
-            report.figures["logs"] = stage.logs(1500)[-20000:]
+        _exercise(seed, size, stage, report, plant)
+    except Exception as exc:  # the figures so far, the violations, the replay: never lost
+        report.fail("unfinished", "-", "-", f"the run broke: {type(exc).__name__}: {exc}")
     finally:
+        if report.found:
+            report.figures["logs"] = stage.logs(1500)[-20000:]
         stage.stop()
+    report.figures["phases_s"]["stage_down"] = round(time.monotonic() - started, 1)
     report.figures |= {
         "seed": seed,
         "size": size.__dict__,
         "run_s": round(time.monotonic() - started, 1),
         "violations": report.violations,
+        "replay": report.replay,
     }
     FIGURES.mkdir(parents=True, exist_ok=True)
-    (FIGURES / _figures_name(seed, size)).write_text(
-        json.dumps(report.figures, indent=1, default=str)
-    )
+    label = getattr(plant, "label", "planted")  # the checker's test: planted or clean
+    name = _figures_name(seed, size) if plant is None else f"{label}-{seed}.json"
+    (FIGURES / name).write_text(json.dumps(report.figures, indent=1, default=str))
     return report
 
 
-def _exercise(seed: int, size: Size, stage: Stage) -> Report:
-    """Offer the rollouts while the schedule's faults land, then check."""
+def _exercise(seed: int, size: Size, stage: Stage, report: Report, plant: Plant | None) -> None:
+    """Offer the rollouts while the schedule's faults land, then check; all of it within
+    ``duration + settle`` seconds of the first offer (and a repeat's wait)."""
     if size.callback_delay:
         slow = {"target": "completed", "delay_s": size.callback_delay, "times": None}
         stage.trainer.add_faults(slow)
     offered = {p: bodies(seed, p, size.rollouts // 2, stage.trainer.url) for p in ("v1", "v2")}
     pace = size.duration / max(1, size.rollouts // 2)
-    trainers: dict[Protocol, Trainer] = {
-        p: Trainer(p, stage.fleets[p].gateway_urls, offered[p], pace=pace).start()
+    holders = Holders(stage).start()
+    started = time.monotonic()
+    deadline = started + size.duration + size.settle
+    trainers: dict[Protocol, PollingTrainer] = {
+        p: PollingTrainer(p, stage.fleets[p].gateway_urls, offered[p], pace=pace).start()
         for p in ("v1", "v2")
     }
     by_id = {body["rollout_id"]: body for made in offered.values() for body in made}
-    nemesis = Nemesis(stage, _schedule(seed, size), trainers, by_id)
-    nemesis.start().join(size.duration + 120)
-    for trainer in trainers.values():
-        _join(trainer, size.duration + 240)
-    return check(stage, nemesis, trainers)
+    nemesis = Nemesis(stage, _schedule(seed, size), trainers, by_id).start()
+    planted = threading.Event()
+    if plant is not None:
+        thread = threading.Thread(target=plant, args=(stage, trainers, nemesis, planted))
+        thread.daemon = True
+        thread.start()
+    try:
+        if not nemesis.join(max(1.0, deadline - time.monotonic())):
+            report.fail("unfinished", "-", "-", "the nemesis was still at work at the deadline")
+        for protocol, trainer in trainers.items():
+            if not trainer.wait(deadline):
+                left = trainer.unfinished()
+                report.fail(
+                    "unfinished",
+                    protocol,
+                    "-",
+                    f"the trainer still waited after {time.monotonic() - started:.0f}s, "
+                    f"for {len(left)} results: {left[:5]}",
+                )
+            trainer.stop()
+        report.figures["phases_s"]["offered"] = round(time.monotonic() - started, 1)  # from load
+        window = Window(size.callback_delay, size.replica_lag)
+        check(stage, nemesis, trainers, holders, deadline, window, report)
+        report.figures["phases_s"]["checked"] = round(time.monotonic() - started, 1)  # from load
+    finally:
+        planted.set()
+        holders.stop()
 
 
 def _schedule(seed: int, size: Size) -> list[Fault]:
+    at_least = {"cancel_delivering": DELIVERING_CANCELS} if size.callback_delay else {}
     if not size.sentinel:
-        return schedule(seed, size.faults, size.duration, size.only)
-    at_least = {"failover": size.failovers}
+        return schedule(seed, size.faults, size.duration, size.only, at_least=at_least)
+    at_least |= {"failover": size.failovers}
     return schedule(seed, size.faults, size.duration, size.only, SENTINEL_KINDS, at_least)
-
-
-def _join(trainer: Trainer, timeout: float) -> None:
-    """Wait for a trainer. Answers it did not expect are the checker's to report (with the
-    rest of the run's figures), not an exception that loses them."""
-    try:
-        trainer.join(timeout)
-    except AssertionError as exc:
-        if "still busy" in str(exc):
-            raise
 
 
 def _figures_name(seed: int, size: Size) -> str:
@@ -140,9 +178,11 @@ def _figures_name(seed: int, size: Size) -> str:
 
 __all__ = [
     "CI_SIZE",
+    "DELIVERING_CANCELS",
     "FULL_SIZE",
     "SENTINEL_CI_SIZE",
     "SENTINEL_FULL_SIZE",
+    "Plant",
     "Size",
     "replay_command",
     "run",

@@ -1,0 +1,216 @@
+"""The checker can fail: each kind of broken promise, planted in a running nemesis stage, is
+reported as its own kind of violation, and a clean run of the same size reports none.
+
+Both runs get the same two faults, neither of which may excuse a repeated v1 callback: a v2
+worker stopped past its lease (the other fleet) and a graceful SIGTERM of a v1 worker (it
+hands back cleanly). The planted run also:
+
+* loses a v1 rollout (its record deleted while it runs): ``lost``;
+* leaves a v2 rollout running forever (its record taken by a rogue execution whose lease is
+  renewed until the check is done): ``stuck``, and its trainer never finishes: ``unfinished``;
+* rewrites a finished v2 rollout's status and result between its trainer's first terminal
+  poll and its next, then restores them: the record agrees with the first poll (all the
+  checker before this one compared), the polls disagree: ``contradicting_result``;
+* posts three finished v1 rollouts' stored completion bodies to the TrainGate a second time,
+  as a rogue worker would: one whose first callback came shortly before the v2 stop, one
+  shortly before the SIGTERM, one far from both: ``duplicate_callback`` each. (The first two
+  are ones the checker before this one excused: any crash of any kind, in either fleet, from
+  1 s before to 10 s after the first callback; the test shows they fall in that window.)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from tests.chaos.harness import Protocol
+from tests.nemesis.checker import REPEAT_SECONDS
+from tests.nemesis.faults import Fault, Nemesis
+from tests.nemesis.observe import PollingTrainer
+from tests.nemesis.run import Size, run
+from tests.nemesis.stage import PREFIX, Stage
+
+SIZE = Size(rollouts=40, faults=0, duration=20, callback_delay=0.3, settle=25)
+SEED = 7
+# The rule of the checker before: a crash in [first callback - 1 s, first callback + 10 s].
+OLD_WINDOW = (1.0, 10.0)
+
+
+class Planter:
+    """The plant: applies the two faults, and (if ``breaks``) breaks the promise."""
+
+    def __init__(self, breaks: bool) -> None:
+        self.breaks = breaks
+        self.label = "planted" if breaks else "clean"  # names the run's figures file
+        self.planted: dict[str, Any] = {}
+        self.errors: list[str] = []
+
+    def __call__(self, *stage_trainers_nemesis_done: Any) -> None:
+        try:
+            self._plant(*stage_trainers_nemesis_done)
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _plant(
+        self,
+        stage: Stage,
+        trainers: dict[Protocol, PollingTrainer],
+        nemesis: Nemesis,
+        done: threading.Event,
+    ) -> None:
+        client = stage.redis()
+        time.sleep(2)
+        if self.breaks:
+            self.planted["lost"] = self._lose(client)
+            self.planted["stuck"] = self._strand(stage, client, done)
+        self._first_callbacks(stage, after=0, count=3)  # some to precede the stop
+        stopped_at = time.time()
+        nemesis.apply(Fault(at=0, kind="sigstop", protocol="v2", index=1, pick=0.0))
+        time.sleep(2)
+        terminated_at = time.time()
+        nemesis.apply(Fault(at=0, kind="sigterm", protocol="v1", index=1, pick=0.0))
+        self.planted["faults"] = (stopped_at, terminated_at)
+        if not self.breaks:
+            return
+        self.planted["contradicting"] = self._contradict(client, trainers["v2"])
+        firsts = self._first_callbacks(stage, after=terminated_at + OLD_WINDOW[0] + 1)
+        near_stop = _first_within(firsts, stopped_at - OLD_WINDOW[1], stopped_at)
+        near_term = _first_within(firsts, stopped_at + 1, terminated_at)
+        far = _first_within(firsts, terminated_at + OLD_WINDOW[0] + 1, float("inf"))
+        self.planted["duplicates"] = {"near_stop": near_stop, "near_term": near_term, "far": far}
+        for rollout_id in (near_stop, near_term, far):
+            self._repost(stage, client, rollout_id)
+        self.planted["firsts"] = {i: firsts[i] for i in (near_stop, near_term, far)}
+
+    @staticmethod
+    def _wait_leased(client: redis.Redis, prefix: str, status: str = "running") -> str:
+        for _ in range(200):
+            for record in client.zrange(f"{prefix}:leases", 0, -1):
+                if client.hget(record, "status") == status:
+                    return str(record)
+            time.sleep(0.05)
+        raise AssertionError(f"no {prefix} rollout {status}")
+
+    def _lose(self, client: redis.Redis) -> str:
+        record = self._wait_leased(client, PREFIX["v1"])
+        client.delete(record)
+        return record.split(":", 2)[2]
+
+    def _strand(self, stage: Stage, client: redis.Redis, done: threading.Event) -> str:
+        """A rogue execution takes a running v2 rollout and renews its lease until ``done``."""
+        record = self._wait_leased(client, PREFIX["v2"])
+        leases = f"{PREFIX['v2']}:leases"
+        client.hset(record, "execution", "rogue:1:stuck:00000000")
+        client.zadd(leases, {record: time.time() * 1000 + 60_000})
+
+        def renew() -> None:
+            while not done.wait(0.5):
+                with stage.redis() as renewer:
+                    renewer.zadd(leases, {record: time.time() * 1000 + 60_000})
+
+        threading.Thread(target=renew, daemon=True).start()
+        return record.split(":", 2)[2]
+
+    def _contradict(self, client: redis.Redis, trainer: PollingTrainer) -> str:
+        """Between a finished v2 rollout's first terminal poll and its next (a second later),
+        rewrite its status and result; restore them once the next poll has read them. The
+        record and the first poll agree: only the polls contradict each other."""
+        for _ in range(400):
+            polled = sorted(i for i, polls in list(trainer.polls.items()) if len(polls) == 1)
+            if polled:
+                break
+            time.sleep(0.02)
+        rollout_id = polled[0]
+        record = f"{PREFIX['v2']}:v2:{rollout_id}"
+        status, stored = client.hmget(record, "status", "result")
+        result = json.loads(stored or "{}")
+        other = "failure" if result.get("status") == "success" else "success"
+        rewritten = json.dumps(result | {"status": other})
+        client.hset(record, mapping={"status": other, "result": rewritten})
+        for _ in range(200):
+            if len(trainer.polls[rollout_id]) > 1:
+                break
+            time.sleep(0.02)
+        client.hset(record, mapping={"status": status or "", "result": stored or ""})
+        self.planted["record_as_first_poll"] = (
+            trainer.polls[rollout_id][0] == json.loads(stored or "{}")
+            and len(trainer.polls[rollout_id]) > 1
+        )
+        return rollout_id
+
+    @staticmethod
+    def _first_callbacks(stage: Stage, after: float, count: int = 1) -> dict[str, float]:
+        """Each v1 rollout's first answered callback, once ``count`` came later than
+        ``after``."""
+        for _ in range(300):
+            calls = [c for c in stage.trainer.calls("completed") if c["status"] == 200]
+            firsts: dict[str, float] = {}
+            for call in sorted(calls, key=lambda c: c["at"]):
+                firsts.setdefault(call["rollout_id"], call["at"])
+            if sum(at > after for at in firsts.values()) >= count:
+                return firsts
+            time.sleep(0.1)
+        raise AssertionError("no v1 callback after the faults")
+
+    @staticmethod
+    def _repost(stage: Stage, client: redis.Redis, rollout_id: str) -> None:
+        """What a rogue worker would do: post the stored completion body once more."""
+        record = f"{PREFIX['v1']}:v1:{rollout_id}"
+        stored, key = client.hmget(record, "result", "admit_token")
+        response = httpx.post(
+            f"{stage.trainer.url}/v1/rollout/completed",
+            json=json.loads(stored or "{}"),
+            headers={"Idempotency-Key": key or ""},
+            timeout=10,
+        )
+        response.raise_for_status()
+
+
+def _first_within(firsts: dict[str, float], low: float, high: float) -> str:
+    inside = sorted(i for i, at in firsts.items() if low <= at <= high)
+    assert inside, f"no first callback in [{low}, {high}]: {firsts}"
+    return inside[0]
+
+
+def test_the_checker_reports_each_planted_fault(tmp_path: Path) -> None:
+    planter = Planter(breaks=True)
+    report = run(SEED, SIZE, tmp_path, plant=planter)
+    planted = planter.planted
+    assert not planter.errors, planter.errors
+    summary = f"{planted}\n{report.summary()}"
+    duplicates = set(planted["duplicates"].values())
+    assert report.ids("lost") == {planted["lost"]}, summary
+    assert report.ids("stuck") == {planted["stuck"]}, summary
+    waited = [v.message for v in report.found if v.kind == "unfinished" and v.protocol == "v2"]
+    assert any(planted["stuck"] in message for message in waited), summary  # its trainer
+    assert report.ids("contradicting_result") == {planted["contradicting"]}, summary
+    assert planted["record_as_first_poll"], summary  # what the old check compared agreed
+    assert report.ids("duplicate_callback") == duplicates, summary
+    # The old rule excused the first two: a crash of any kind in its window.
+    stopped_at, terminated_at = planted["faults"]
+    firsts = planted["firsts"]
+    for name, crash_at in (("near_stop", stopped_at), ("near_term", terminated_at)):
+        first = firsts[planted["duplicates"][name]]
+        assert first - OLD_WINDOW[0] <= crash_at <= first + OLD_WINDOW[1], (name, summary)
+    # A run that could not finish still reports its figures and how to replay it.
+    assert report.replay.startswith("uv run python -m tests.nemesis --seed 7"), report.replay
+    assert "replay:" in report.summary()
+    assert report.figures["admitted"] == {"v1": 20, "v2": 20}
+    # Bounded: from the first offer, the settle's deadline, a repeat's wait, the check itself.
+    checked = report.figures["phases_s"]["checked"]
+    assert checked < SIZE.duration + SIZE.settle + REPEAT_SECONDS + 20, report.figures["phases_s"]
+
+
+def test_a_clean_run_of_the_same_size_reports_none(tmp_path: Path) -> None:
+    planter = Planter(breaks=False)
+    report = run(SEED, SIZE, tmp_path, plant=planter)
+    assert not planter.errors, planter.errors
+    assert not report.found, report.summary()
+    assert report.figures["crashes"] == {"sigstop": 1, "sigterm": 1}
+    assert report.figures["admitted"] == {"v1": 20, "v2": 20}
