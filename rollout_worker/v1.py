@@ -269,7 +269,8 @@ class V1Carrier:
 
 
 class _Wire:
-    """One delivery's POST attempts: each goes out only while the lease holds."""
+    """One delivery's POST attempts: each goes out only while the lease holds, checked as its
+    headers and again as its body are about to be written."""
 
     def __init__(self, lease: Lease, idempotency_key: str) -> None:
         self._lease = lease

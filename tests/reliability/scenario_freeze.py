@@ -47,7 +47,7 @@ def _holdings(fleet: LocalFleet, store: Any) -> dict[str, list[str]]:
     return held
 
 
-def _busiest_once_busy(fleet: LocalFleet, store: Any, least: int = 24) -> str:
+def _busiest_once_busy(fleet: LocalFleet, store: Any, least: int = 10) -> str:
     """The worker holding the most rollouts, once one holds ``least`` (the fault must catch
     rollouts in flight, whatever the machine's speed)."""
     deadline = time.monotonic() + 60

@@ -172,11 +172,13 @@ def new_http_client(
 def _on_send(
     before_send: Callable[[], Awaitable[None]],
 ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
-    """An httpcore ``trace`` hook that awaits ``before_send`` as a request's headers are about
-    to be written (its connection made); what it raises aborts that request."""
+    """An httpcore ``trace`` hook that awaits ``before_send`` as a request's headers, then its
+    body, are about to be written (its connection made); what it raises aborts that request.
+    The second check matters: the transport yields to the event loop after writing the
+    headers, and a process frozen there would finish the request on waking."""
 
     async def trace(event: str, info: dict[str, Any]) -> None:
-        if event.endswith("send_request_headers.started"):
+        if event.endswith(("send_request_headers.started", "send_request_body.started")):
             await before_send()
 
     return trace
@@ -364,9 +366,10 @@ class OsmosisLLMClient:
 
         ``idempotency_key`` goes out as the ``Idempotency-Key`` header, the same on every
         attempt and every repeat, so a receiver can drop a callback it already has.
-        ``before_send`` is awaited before each attempt's request is written, once its
-        connection is open; what it raises stops the delivery there and propagates, so a
-        caller can make sure it still may post (the fleet checks its lease).
+        ``before_send`` is awaited before each attempt's headers are written (its
+        connection open) and again before its body; what it raises stops the delivery there
+        (the receiver gets no complete request) and propagates, so a caller can make sure it
+        still may post (the fleet checks its lease).
         """
         extra = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else {}
         await self._post(
