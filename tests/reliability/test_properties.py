@@ -50,6 +50,9 @@ ENDS_WITHIN = 45  # seconds: the rollout limit, the client's retries, a loaded m
 FOREIGN_SECRET = "internal-secret-4f1c"
 TERMINAL = {"success", "failure", "cancelled"}
 DATABASE = DirectoryBasedExampleDatabase(Path(__file__).parent / "property-examples")
+# An example takes about a second (a hanging agent: its limit); the suite's 300 s would cut
+# a full run short.
+pytestmark = pytest.mark.timeout(120 + 10 * EXAMPLES)
 
 
 class _Foreign(BaseHTTPRequestHandler):
