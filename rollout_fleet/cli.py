@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from rollout_fleet import state
 from rollout_fleet.local import LocalFleet
@@ -496,20 +498,29 @@ def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
     return asyncio.run(run())
 
 
+def _shown(value: object) -> Text:
+    """A value from a record, shown as data: never read as markup, control characters as
+    escapes (an admitted id may hold anything; the operator's terminal must not obey it)."""
+    text = "" if value is None else str(value)
+    return Text(
+        "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    )
+
+
 def _views_table(views: list[RolloutView]) -> Table:
     table = Table(show_header=True)
     for column in ("rollout", "protocol", "status", "attempt", "worker", "age s", "run s", "error"):
         table.add_column(column)
     for view in views:
         table.add_row(
-            view.rollout_id,
+            _shown(view.rollout_id),
             view.protocol,
             view.status,
             str(view.attempt),
-            view.worker or "",
+            _shown(view.worker),
             f"{view.age_seconds:.1f}",
             "" if view.run_seconds is None else f"{view.run_seconds:.2f}",
-            (view.error or "")[:60],
+            _shown((view.error or "")[:60]),
         )
     return table
 
@@ -527,14 +538,16 @@ def status(
 
     view = _store_call(lambda store: find(store, rollout_id))
     if view is None:
-        console.print(f"[red]no rollout {rollout_id!r}[/red]: never admitted, or expired")
+        console.print(
+            f"[red]no rollout[/red] {escape(repr(rollout_id))}: never admitted, or expired"
+        )
         raise typer.Exit(1)
     if as_json:
         print(view.model_dump_json(indent=2))
         return
-    table = Table(show_header=False, title=f"rollout {rollout_id}")
+    table = Table(show_header=False, title=Text.assemble("rollout ", _shown(rollout_id)))
     for name, value in view.model_dump().items():
-        table.add_row(name, "" if value is None else str(value))
+        table.add_row(name, _shown(value))
     console.print(table)
 
 
@@ -593,7 +606,7 @@ def cancel(
 
     dispositions = _store_call(cancel_each)
     for rollout_id, disposition in dispositions.items():
-        console.print(f"{rollout_id}: {disposition}")
+        console.print(Text.assemble(_shown(rollout_id), f": {disposition}"))
     if CancelOutcome.UNKNOWN in dispositions.values():
         raise typer.Exit(1)
 

@@ -6,7 +6,8 @@ v2 ``chat_completions_url``). Without a check, anyone allowed to admit rollouts 
 workers send requests to any host their network reaches (SSRF). With
 ``ROLLOUT_FLEET_ALLOWED_TRAINER_URLS`` set, the URL must lie under one of the listed
 prefixes: same scheme, host and port, and a path at or below the prefix's path. Whatever the
-list says, a trainer URL is refused if it carries a query or fragment (the fleet appends paths
+list says, a trainer URL is refused if it carries credentials (``user:password@``: they would
+be stored with the request and shown in errors), a query or fragment (the fleet appends paths
 to it: ``?x=`` would turn them into a parameter and aim the worker at any path of the host),
 or names a link-local or cloud-metadata address (where instance credentials are served) in
 any form a resolver reads, or an address in ``OSMOSIS_ROLLOUT_CLIENT_REFUSED_NETWORKS``: the
@@ -52,6 +53,13 @@ def is_under(url: str, prefix: str) -> bool:
     )
 
 
+def _has_credentials(url: str) -> bool:
+    try:
+        return bool(httpx.URL(url).userinfo)
+    except (httpx.InvalidURL, ValueError):
+        return "@" in url.partition("://")[2].partition("/")[0]
+
+
 def never_called(url: str) -> str | None:
     """Why the fleet never calls ``url``, whatever the allow-list says; None if it may."""
     try:
@@ -67,6 +75,13 @@ def check_trainer_url(field: str, url: str, allowed: Sequence[str]) -> None:
     """A 422 (shaped as FastAPI's validation errors) unless ``url`` may be called: never a
     query, fragment, link-local or metadata address; and with an allow-list configured, only
     under one of its prefixes."""
+    if _has_credentials(url):  # named, never echoed: the 422 would show the password
+        message = (
+            f"{field} must not carry credentials (user:password@host): they would be stored "
+            "with the request and shown in errors; send the trainer's key as its API key field"
+        )
+        error = {"type": "value_error", "loc": ("body", field), "msg": message}
+        raise RequestValidationError([error])
     refused = never_called(url)
     if refused is not None:
         message = f"{field} {url!r} {refused}"

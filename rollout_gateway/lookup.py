@@ -19,7 +19,9 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get(
-    "/v1/rollouts/{rollout_id}", response_model=RolloutView, responses={404: {"model": ErrorDetail}}
+    "/v1/rollouts/{rollout_id:path}",
+    response_model=RolloutView,
+    responses={404: {"model": ErrorDetail}},
 )
 async def rollout(rollout_id: str, gateway: GatewayDep) -> RolloutView:
     """One rollout by id (v1: its idempotency key), while the fleet keeps its record."""

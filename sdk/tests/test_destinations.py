@@ -27,6 +27,8 @@ METADATA_FORMS = [
     "::ffff:a9fe:a9fe",
     "[::169.254.169.254]",  # IPv4-compatible
     "64:ff9b::a9fe:a9fe",  # NAT64
+    "[64:ff9b:1::a9fe:a9fe]",  # NAT64, local-use prefix
+    "[::ffff:0:a9fe:a9fe]",  # IPv4-translated (SIIT)
     "2002:a9fe:a9fe::1",  # 6to4
 ]
 LINK_LOCAL = ["169.254.1.1", "0xa9fe0101", "[fe80::1]", "fe80::1%eth0", "::ffff:169.254.0.1"]

@@ -166,6 +166,50 @@ def test_a_trainer_slower_than_the_client_timeout_gets_identical_keyed_retries_a
     assert {header(c, "Idempotency-Key") for c in calls} == {record["admit_token"]}
 
 
+class _Dripping(BaseHTTPRequestHandler):
+    """A trainer that answers 200 and then drips its body, a byte every half second."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                self.wfile.write(b"1\r\n \r\n")
+                self.wfile.flush()
+                time.sleep(0.5)
+        except OSError:
+            pass  # the worker gave up on it
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_trainer_that_drips_its_answer_cannot_hold_a_rollout(start_fleet: StartFleet) -> None:
+    """httpx's timeouts bound each read: a trainer sending a byte a second held a callback,
+    its rollout (``delivering``) and its worker slot for ever, a cancel changing nothing. Each
+    attempt is now bounded as a whole (connect + client timeout), so the rollout ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Dripping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES": "0"}
+        handle = start_fleet(workers=1, env=env)
+        rollout_id = new_id("drip")
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        body = handle.body(rollout_id, server_url=url, metadata=COMPLETE_AT_ONCE)
+        assert handle.init(body).status_code == 202
+        record = handle.wait_status(rollout_id, {"success", "failure"}, timeout=40)
+        assert record["delivery"] == (
+            "failed: the trainer did not answer in time (it may have received the callback)"
+        )
+    finally:
+        server.shutdown()
+
+
 # --- a trainer whose door the test opens --------------------------------------------------------
 
 

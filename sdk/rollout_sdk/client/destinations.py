@@ -39,7 +39,14 @@ METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
     }
 )
 METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "metadata.goog"})
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# Prefixes whose last 32 bits are the IPv4 address a translator reaches: NAT64's well-known
+# and local-use prefixes (RFC 6052, RFC 8215: 64:ff9b:1::/48 puts it in the last 32 bits for
+# a /96 inside it), IPv4-translated (SIIT, RFC 2765) and IPv4-compatible addresses.
+_TRANSLATED = (
+    ipaddress.ip_network("64:ff9b::/96"),
+    ipaddress.ip_network("64:ff9b:1::/48"),
+    ipaddress.ip_network("::ffff:0:0:0/96"),
+)
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 
@@ -91,14 +98,16 @@ def host_address(host: str) -> IPAddress | None:
 
 
 def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one reaches: mapped, compatible, NAT64 or 6to4."""
+    """The IPv4 address an IPv6 one reaches: mapped, translated, compatible, NAT64 or
+    6to4."""
     if not isinstance(address, ipaddress.IPv6Address):
         return None
     if address.ipv4_mapped is not None:
         return address.ipv4_mapped
     if address.sixtofour is not None:
         return address.sixtofour
-    if address in _NAT64 or (address in _IPV4_COMPATIBLE and int(address) > 1):
+    translated = any(address in network for network in _TRANSLATED)
+    if translated or (address in _IPV4_COMPATIBLE and int(address) > 1):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 

@@ -416,14 +416,18 @@ class OsmosisLLMClient:
             if attempt:
                 await asyncio.sleep(self._retry_delay(attempt - 1))
             try:
-                response = await self._client().post(
-                    url,
-                    content=body,
-                    headers=self._headers(headers),
-                    timeout=timeout,
-                    extensions={**extensions, ATTEMPT_EXTENSION: attempt},
-                )
-            except httpx.TimeoutException as exc:
+                # httpx's timeouts bound each read and write; a receiver that drips its answer
+                # a byte at a time would hold the attempt for ever. The attempt as a whole
+                # gets the connect time plus the timeout.
+                async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS + self.timeout_seconds):
+                    response = await self._client().post(
+                        url,
+                        content=body,
+                        headers=self._headers(headers),
+                        timeout=timeout,
+                        extensions={**extensions, ATTEMPT_EXTENSION: attempt},
+                    )
+            except (httpx.TimeoutException, TimeoutError) as exc:
                 last_error = OsmosisTimeoutError(f"POST {url} timed out: {exc!r}")
             except httpx.TransportError as exc:
                 if isinstance(exc.__cause__, RefusedDestination):  # it will not change
