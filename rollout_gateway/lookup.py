@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
+from starlette.convertors import Convertor, register_url_convertor
 
 from rollout_core import views
 from rollout_core.views import RolloutView
@@ -18,8 +19,24 @@ MAX_LISTED = 1000
 router = APIRouter(tags=["operations"])
 
 
+class _AnyId(Convertor[str]):
+    """A v1 id is anything: ``/`` and line breaks included (Starlette's ``path`` stops at a
+    newline)."""
+
+    regex = r"[\s\S]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("rollout_id", _AnyId())
+
+
 @router.get(
-    "/v1/rollouts/{rollout_id:path}",
+    "/v1/rollouts/{rollout_id:rollout_id}",
     response_model=RolloutView,
     responses={404: {"model": ErrorDetail}},
 )

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +294,35 @@ class V2FleetUnderTest(FleetUnderTest):
     def close(self) -> None:
         super().close()
         self.poller.close()
+
+
+class InternalService:
+    """A service inside the fleet's network that a trainer-chosen URL must never read back:
+    answers every POST with ``status`` and a JSON body carrying ``secret``."""
+
+    def __init__(self, status: int, secret: str) -> None:
+        self.status = status
+        body = json.dumps({"credentials": secret, "choices_missing": True}).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class PartitionProxy:

@@ -20,12 +20,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -40,6 +38,7 @@ from tests.harness import (
     LEASE_HEADER,
     SCRIPTED_V2_AGENT,
     FleetUnderTest,
+    InternalService,
     V2FleetUnderTest,
     script,
 )
@@ -49,35 +48,20 @@ MAX_ROLLOUT_SECONDS = 3
 ENDS_WITHIN = 45  # seconds: the rollout limit, the client's retries, a loaded machine
 FOREIGN_SECRET = "internal-secret-4f1c"
 TERMINAL = {"success", "failure", "cancelled"}
+FOREIGN = {"foreign-404": 404, "foreign-500": 500}
 DATABASE = DirectoryBasedExampleDatabase(Path(__file__).parent / "property-examples")
 # An example takes about a second (a hanging agent: its limit); the suite's 300 s would cut
 # a full run short.
 pytestmark = pytest.mark.timeout(120 + 10 * EXAMPLES)
 
 
-class _Foreign(BaseHTTPRequestHandler):
-    """An internal service a trainer-chosen URL must never read back: 404 or 500, a secret
-    in the body."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = json.dumps({"detail": FOREIGN_SECRET}).encode()
-        self.send_response(500 if "500" in self.path else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
-def foreign() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Foreign)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def foreign() -> Iterator[dict[str, str]]:
+    """Internal services answering 404 and 500 with a secret: trainer URLs by name."""
+    services = {name: InternalService(status, FOREIGN_SECRET) for name, status in FOREIGN.items()}
+    yield {name: service.url for name, service in services.items()}
+    for service in services.values():
+        service.close()
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +148,7 @@ def _unique(text: str, limit: int) -> str:
 @example(batch=[Drawn("plain", "line\r\nbreak", "sk-drawn-1", "complete", "ü\x00\x1b", "mock")])
 @example(batch=[Drawn("🚀", "🔑", None, "chat", "", "foreign-404")])
 def test_every_admitted_rollout_ends_once_and_shows_no_secret(
-    fleet: FleetUnderTest, foreign: str, batch: list[Drawn]
+    fleet: FleetUnderTest, foreign: dict[str, str], batch: list[Drawn]
 ) -> None:
     drawn = [
         Drawn(
@@ -178,9 +162,7 @@ def test_every_admitted_rollout_ends_once_and_shows_no_secret(
         for d in batch
     ]
     for d in drawn:
-        server_url = fleet.trainer.url
-        if d.trainer != "mock":
-            server_url = f"{foreign}/{d.trainer}"
+        server_url = foreign.get(d.trainer, fleet.trainer.url)
         fields: dict[str, Any] = {"metadata": script(*_steps(d)), "messages": _messages(d)}
         if d.idempotency_key is not None:
             fields["idempotency_key"] = d.idempotency_key

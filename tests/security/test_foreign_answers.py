@@ -7,51 +7,28 @@ fleet process's log must not contain it."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from tests.conftest import V2_ENV, StartFleet
-from tests.harness import REPO, FleetUnderTest, V2FleetUnderTest, new_id, redis_dump
+from tests.harness import (
+    REPO,
+    FleetUnderTest,
+    InternalService,
+    V2FleetUnderTest,
+    new_id,
+    redis_dump,
+)
 
 SECRET = "internal-secret-7f3a9c"
 STRANDS_AGENT = str(REPO / "examples/strands_multiply/main.py")
 
 
-class InternalService:
-    """Answers every request with ``status`` and a JSON body carrying the secret."""
-
-    def __init__(self, status: int) -> None:
-        self.status = status
-        body = json.dumps({"credentials": SECRET, "choices_missing": True}).encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 @pytest.fixture(params=[404, 500, 200], ids=["404", "500", "200 not a completion"])
 def internal(request: pytest.FixtureRequest) -> Iterator[InternalService]:
-    service = InternalService(request.param)
+    service = InternalService(request.param, SECRET)
     yield service
     service.close()
 
