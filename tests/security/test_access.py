@@ -77,13 +77,14 @@ OUTSIDE = [
     "http://127.0.0.1:1/",  # the right host, another port
     "http://trainer.example:9000/gateway",  # not under /gate
     "http://trainer.example:9000/gate/../admin",
-    "http://trainer.example:9000@evil.example/gate",
     "https://trainer.example:9000/gate",
 ]
 # Refused whatever the list says (issue 14, finding 19), with their own reason.
 ALWAYS_REFUSED = {
     "http://169.254.169.254/latest/meta-data": "link-local address 169.254.169.254",
     "http://trainer.example:9000/gate?x=": "query or fragment",
+    # userinfo that looks like the allowed host: credentials are refused before the list
+    "http://trainer.example:9000@evil.example/gate": "must not carry credentials",
 }
 
 
