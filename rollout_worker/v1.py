@@ -31,6 +31,7 @@ from rollout_core.store import (
     RecordField,
     RolloutRecord,
     Status,
+    StoreError,
     Verdict,
 )
 from rollout_sdk.client import HttpClientShards, OsmosisLLMClient, Turn
@@ -255,8 +256,8 @@ class V1Carrier:
             await self._client(request).post_completion(
                 response, idempotency_key=wire.idempotency_key, before_send=wire.before_send
             )
-        except _LeaseLost:
-            raise
+        except (_LeaseLost, StoreError):
+            raise  # not the callback's failure: Redis could not confirm the lease (it passes)
         except Exception as exc:  # every failure counts once: the rollout ends, saying why
             reason = redact(str(exc), request.api_key)
             logger.warning(
