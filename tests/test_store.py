@@ -63,6 +63,21 @@ async def store(redis_server: RedisServer, redis: Redis) -> AsyncIterator[Record
     await store.aclose()
 
 
+@pytest.fixture
+async def alone() -> AsyncIterator[tuple[RecordStore, Redis]]:
+    """A store on a Redis server of its own: what Redis counts (commands, bytes sent) is this
+    test's alone, not also that of fleets other tests left running on the shared server."""
+    server = RedisServer().start()
+    client = Redis.from_url(server.url_for(0), decode_responses=True)
+    store = RecordStore.connect(fleet(server.url_for(0)))
+    try:
+        yield store, client
+    finally:
+        await store.aclose()
+        await client.aclose()
+        server.stop()
+
+
 async def admitted(store: RecordStore, record_id: str = "r1", message: str = "MSG") -> RecordKey:
     key = store.keys.record("v1", record_id)
     assert (await store.admit_begin(key, "tok", 5)).start is AdmitStart.LEAD
@@ -580,12 +595,13 @@ async def sent_to_check(redis: Redis, store: RecordStore) -> tuple[set[RecordKey
 
 
 async def test_f10_the_lost_message_check_costs_the_same_behind_any_backlog(
-    store: RecordStore, redis: Redis
+    alone: tuple[RecordStore, Redis],
 ) -> None:
     """Finding 10: the check read the whole queue (and parsed every message) once a minute,
     so its cost grew with the backlog (v1's queue is unbounded). Now it reads the queue's
     tail up to the oldest admission message: what Redis sends for a check is the same with
     100 rollouts waiting and with 3000, and the lost one is found either way."""
+    store, redis = alone
     costs = []
     for backlog in (100, 3000):
         await redis.flushdb()
@@ -601,12 +617,13 @@ async def test_f10_the_lost_message_check_costs_the_same_behind_any_backlog(
 
 
 async def test_the_lost_message_check_costs_the_same_round_trips_with_any_number_running(
-    store: RecordStore, redis: Redis
+    alone: tuple[RecordStore, Redis],
 ) -> None:
     """Issue 17: the check looked up each rollout admitted before the queue's oldest admission
     (two commands each: its status and its lease), i.e. every rollout running, once a
     minute. Now one ZMSCORE answers for all of them: the commands a check sends are the same
     with 10 rollouts running and with 1000, and the lost one is found either way."""
+    store, redis = alone
     costs = []
     for running in (10, 1000):
         await redis.flushdb()

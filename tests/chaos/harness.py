@@ -5,7 +5,10 @@ ends with exactly one result.
 A scenario: start a :class:`ChaosFleet`, start a :class:`Trainer` offering rollouts, break
 something while they run, then :func:`audit`, which waits for the trainer and checks:
 
-* v1: each admitted rollout got exactly one completion callback;
+* v1: each admitted rollout got exactly one completion callback — or a byte-identical repeat
+  excused by a ``kill -9`` in the first window RELIABILITY.md names: the rollout was held by
+  the killed worker and its first callback had arrived before the kill (the worker posted, the
+  trainer answered, the worker died before recording the answer);
 * v2: each admitted rollout's polls ended in a terminal result (a rollout whose 202 was lost
   with a dying gateway ends by itself, as ``lease_expired``);
 * every record became terminal exactly once (its ``terminations`` count, kept by Redis);
@@ -121,10 +124,14 @@ class ChaosFleet:
             time.sleep(0.1)
         raise AssertionError(f"the rollouts of worker {pid} were not taken over")
 
-    def kill_worker(self, name: str) -> None:
-        """``kill -9``, then what a supervisor (compose's restart policy) does."""
+    def kill_worker(self, name: str) -> Crash:
+        """``kill -9``, then what a supervisor (compose's restart policy) does; the crash as
+        :func:`audit` needs it to excuse a repeat."""
+        held = frozenset(self.held_by(name))
         self.fleet.processes[name].kill()
+        crash = Crash(held=held, at=time.time())
         assert self.fleet.restart_dead_workers() == [name]
+        return crash
 
     def restart_gateway(self, index: int) -> None:
         """Start gateway ``index`` (1 = the first) again on its port, once it died."""
@@ -296,6 +303,15 @@ class Trainer:
 
 
 @dataclass(frozen=True)
+class Crash:
+    """A worker killed at ``at`` (wall clock, as the mock trainer notes arrivals) while it
+    held the records ``held``."""
+
+    held: frozenset[str]
+    at: float
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What a scenario's audit found (and what RELIABILITY.md reports)."""
 
@@ -304,6 +320,7 @@ class Outcome:
     completed: int  # terminal success
     failed: int  # terminal failure/cancelled (a clear error state, not lost)
     duplicates: int  # records made terminal more than once, or callbacks beyond the first
+    excused: int  # repeated v1 callbacks a kill in the first window explains (see module)
     lost: int  # admitted but never terminal
     reruns: int  # rollouts a worker started again after another's execution was lost
     statuses: dict[str, int]
@@ -314,9 +331,11 @@ def audit(
     trainer: Trainer,
     timeout: float = 120,
     undeliverable: frozenset[str] | set[str] = frozenset(),
+    crashes: list[Crash] | None = None,
 ) -> Outcome:
     """Wait for the trainer and the fleet to settle, then check the promise (see module).
-    ``undeliverable``: v1 rollouts whose trainer refuses every callback (none may arrive)."""
+    ``undeliverable``: v1 rollouts whose trainer refuses every callback (none may arrive);
+    ``crashes``: the workers killed, which may excuse a v1 repeat."""
     trainer.join(timeout)
     store = chaos.redis()
     records = {rollout_id: chaos.record_key(rollout_id) for rollout_id in trainer.admitted}
@@ -325,11 +344,19 @@ def audit(
     attempts = [int(store.hget(record, "attempt") or 0) for record in records.values()]
     duplicates = sum(1 for count in terminations.values() if count > 1)
     lost = sum(1 for record in records.values() if statuses[record] not in TERMINAL)
+    excused = 0
     if chaos.protocol == "v1":
         deliverable = trainer.admitted - undeliverable
         deliveries = _wait_delivered(chaos, deliverable, timeout)
         assert not undeliverable & deliveries.keys()
-        duplicates += sum(len(deliveries[i]) - 1 for i in deliverable)
+        if any(len(deliveries[i]) > 1 for i in deliverable):
+            unexcused, excused = judge_repeats(
+                {i: deliveries[i] for i in deliverable},
+                _first_arrivals(chaos),
+                records,
+                crashes or [],
+            )
+            duplicates += unexcused
         completed = sum(1 for i in deliverable if deliveries[i][0]["status"] == "COMPLETED")
     else:
         assert trainer.results.keys() == trainer.admitted - trainer.orphaned
@@ -340,6 +367,7 @@ def audit(
         completed=completed,
         failed=len(trainer.admitted) - completed,
         duplicates=duplicates,
+        excused=excused,
         lost=lost,
         reruns=sum(1 for attempt in attempts if attempt > 1),
         statuses=dict(Counter(statuses.values())),
@@ -379,6 +407,41 @@ def _wait_delivered(
             missing = admitted - deliveries.keys()
             raise AssertionError(f"{len(missing)} rollouts never called back\n{chaos.logs()}")
         time.sleep(0.2)
+
+
+def judge_repeats(
+    deliveries: dict[str, list[dict[str, Any]]],
+    first_arrival: dict[str, float],
+    records: dict[str, str],
+    crashes: list[Crash],
+) -> tuple[int, int]:
+    """The repeated v1 callbacks as (unexcused, excused): a repeat is excused only if it is
+    byte-identical to the first callback, the rollout's record was held by a killed worker,
+    and the first callback had arrived before that kill."""
+    unexcused = excused = 0
+    for rollout_id, calls in deliveries.items():
+        if len(calls) < 2:
+            continue
+        identical = all(call == calls[0] for call in calls)
+        in_window = any(
+            records[rollout_id] in crash.held and first_arrival[rollout_id] < crash.at
+            for crash in crashes
+        )
+        if identical and in_window:
+            excused += len(calls) - 1
+        else:
+            unexcused += len(calls) - 1
+    return unexcused, excused
+
+
+def _first_arrivals(chaos: ChaosFleet) -> dict[str, float]:
+    """When each rollout's first callback reached the mock trainer (wall clock)."""
+    answer = chaos.trainer.http.get(f"{chaos.trainer.url}/mock/completed")
+    answer.raise_for_status()
+    first: dict[str, float] = {}
+    for rollout_id, at in answer.json()["completed"]:
+        first.setdefault(rollout_id, at)
+    return first
 
 
 def _assert_settled(chaos: ChaosFleet, store: redis.Redis) -> None:

@@ -16,18 +16,18 @@ def test_three_kill_9s_during_a_run_lose_and_duplicate_nothing(start_chaos: Star
     chaos = start_chaos(workers=3, concurrency=20)
     bodies = chaos_bodies(chaos.protocol, chaos.trainer.url, ROLLOUTS, seconds=(1, 4))
     trainer = Trainer(chaos.protocol, chaos.fleet.gateway_urls, bodies).start()
-    killed, takeovers = [], []
+    killed, takeovers, crashes = [], [], []
     with ThreadPoolExecutor(3) as watchers:  # each kill's takeover is timed while the next comes
         for _ in range(3):
             time.sleep(random.uniform(1.0, 2.5))
             workers = [n for n in chaos.fleet.processes if n.startswith("worker")]
             victim = random.choice([n for n in workers if chaos.held_by(n)] or workers)
             pid, doomed = chaos.fleet.processes[victim].pid, chaos.held_by(victim)
-            chaos.kill_worker(victim)
+            crashes.append(chaos.kill_worker(victim))
             killed.append(f"{victim} holding {len(doomed)}")
             takeovers.append(watchers.submit(chaos.wait_taken_over, doomed, pid))
         recovery = [round(takeover.result(), 1) for takeover in takeovers]
-    outcome = audit(chaos, trainer)
+    outcome = audit(chaos, trainer, crashes=crashes)
     assert outcome.completed == ROLLOUTS
     assert outcome.reruns > 0, "the kills caught no rollout mid-flight"
     record_figures("kill-9-x3", chaos.protocol, outcome, killed=killed, taken_over_after_s=recovery)
