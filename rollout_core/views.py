@@ -93,7 +93,8 @@ def view_of(record: RolloutRecord, now_ms: int | None = None) -> RolloutView:
 async def find(
     store: RecordStore, record_id: str, protocol: Protocol | None = None
 ) -> RolloutView | None:
-    """A rollout by its id (v1: its idempotency key), in either protocol unless one is given."""
+    """A rollout by its id (v1: or its idempotency key), in either protocol unless one is
+    given."""
     record = await store.find(record_id, (protocol,) if protocol else PROTOCOLS)
     return view_of(record, _ms(await store.clock())) if record is not None else None
 

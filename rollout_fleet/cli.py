@@ -530,7 +530,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 @app.command()
 def status(
-    rollout_id: Annotated[str, typer.Argument(help="Rollout id (v1: its idempotency key)")],
+    rollout_id: Annotated[str, typer.Argument(help="Rollout id (v1: or its idempotency key)")],
     as_json: JsonOption = False,
 ) -> None:
     """One rollout's record: status, attempts, worker, timings, reward, error."""
@@ -582,19 +582,19 @@ def list_rollouts(
 
 @app.command()
 def cancel(
-    rollout_ids: Annotated[list[str], typer.Argument(help="Rollout ids (v1: idempotency keys)")],
+    rollout_ids: Annotated[list[str], typer.Argument(help="Rollout ids (v1: or idempotency keys)")],
 ) -> None:
     """Cancel rollouts: a queued one never runs, a running one stops (v1: the trainer is told)."""
     from rollout_core.protocols import cancelled_result
     from rollout_core.settings import FleetSettings
-    from rollout_core.store import PROTOCOLS, CancelOutcome
+    from rollout_core.store import CancelOutcome
 
     retention = FleetSettings().result_retention_seconds
 
     async def cancel_each(store: RecordStore) -> dict[str, CancelOutcome]:
         dispositions = {}
         for rollout_id in rollout_ids:
-            keys = [store.keys.record(protocol, rollout_id) for protocol in PROTOCOLS]
+            keys = await store.keys_of(rollout_id)
             outcomes = await store.cancel(
                 {key: cancelled_result(store.keys, key) for key in keys}, retention
             )

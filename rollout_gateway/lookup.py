@@ -41,7 +41,8 @@ register_url_convertor("rollout_id", _AnyId())
     responses={404: {"model": ErrorDetail}},
 )
 async def rollout(rollout_id: str, gateway: GatewayDep) -> RolloutView:
-    """One rollout by id (v1: its idempotency key), while the fleet keeps its record."""
+    """One rollout by id (v1: by its rollout id or its idempotency key), while the fleet keeps
+    its record."""
     view = await views.find(gateway.store, rollout_id)
     if view is None:
         raise HTTPException(404, f"no rollout {rollout_id!r}: never admitted, or expired")

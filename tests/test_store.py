@@ -704,3 +704,59 @@ async def test_a_finished_record_keeps_no_secret(store: RecordStore, redis: Redi
     await store.advance(key, "w", Status.FAILURE, result="R", retention_seconds=RETAIN)
     assert await redis.hget(key, RecordField.SECRET) == ""
     assert (await store.load(key)).secret is None
+
+
+async def admitted_as(store: RecordStore, rollout_id: str, idempotency_key: str) -> RecordKey:
+    """A v1 rollout admitted under an idempotency key other than its rollout id."""
+    key = store.keys.record("v1", idempotency_key)
+    assert (await store.admit_begin(key, "tok", 5)).start is AdmitStart.LEAD
+    fields = {**PROTOCOL, RecordField.ROLLOUT_ID: rollout_id}
+    assert await store.admit_commit(key, "tok", 60, "MSG", fields)
+    return key
+
+
+async def test_the_rollout_id_names_the_newest_admission_and_lives_as_long_as_its_record(
+    store: RecordStore, redis: Redis
+) -> None:
+    older = await admitted_as(store, "r", "key-1")
+    newer = await admitted_as(store, "r", "key-2")
+    alias = store.keys.v1_alias("r")
+    assert await redis.get(alias) == newer
+    assert await store.keys_of("r", ["v1"]) == [store.keys.record("v1", "r"), newer]
+    found = await store.find("r")
+    assert found is not None
+    assert found.rollout_id == "r"
+    assert (await store.find("key-1")) is not None  # each key still finds its own
+
+    await store.claim(older, "w1", "w1", 3, 5)  # the older one ends: the alias is not its
+    await store.advance(older, "w1", Status.SUCCESS, result="R", retention_seconds=2)
+    assert 59_000 < await redis.pttl(alias) <= 60_000
+
+    await store.claim(newer, "w2", "w2", 3, 5)  # the newer one ends: the alias goes with it
+    await store.advance(newer, "w2", Status.SUCCESS, result="R", retention_seconds=2)
+    assert 1_000 < await redis.pttl(alias) <= 2_000
+    assert abs(await redis.pttl(alias) - await redis.pttl(newer)) < 50
+
+
+async def test_an_id_that_is_its_own_key_has_no_alias(store: RecordStore, redis: Redis) -> None:
+    await admitted_as(store, "same", "same")
+    assert await redis.exists(store.keys.v1_alias("same")) == 0
+
+
+async def test_a_withdrawn_admission_takes_its_alias_along(
+    store: RecordStore, redis: Redis
+) -> None:
+    key = await admitted_as(store, "r", "key-1")
+    await store._run("admit_withdraw", [key], ["tok"])
+    assert await redis.exists(key, store.keys.v1_alias("r")) == 0
+    assert await store.find("r") is None
+
+
+async def test_pruning_keeps_the_alias_of_a_long_rollout_alive_with_its_record(
+    store: RecordStore, redis: Redis
+) -> None:
+    key = await admitted_as(store, "r", "key-1")
+    await redis.zadd(store.keys.active, {key: 0})  # admitted long ago
+    await redis.pexpire(store.keys.v1_alias("r"), 500)
+    await store.prune(inflight_ttl_seconds=60)
+    assert await redis.pttl(store.keys.v1_alias("r")) > 59_000

@@ -18,6 +18,10 @@ rollout id, or the v1 idempotency key). Sorted sets index the records:
 * ``turn:<chore>``  held by the one worker doing a fleet-wide chore this period;
 * ``lost-suspects`` rollouts the last check found waiting without a message.
 
+A v1 rollout admitted with an idempotency key other than its rollout id also has an alias,
+``<prefix>:v1-id:<rollout id>`` → its record key (the newest such admission's), so it is found
+by either; the alias lives exactly as long as its record.
+
 Besides these, the fleet uses the Celery queue (a list named by ``ROLLOUT_FLEET_QUEUE``) and
 kombu's ``unacked`` / ``unacked_index``, whose names kombu sets (``UNACKED*`` below).
 
@@ -227,6 +231,14 @@ class Keys:
             raise ValueError(f"{key!r} is not a rollout record of this fleet")
         return protocol
 
+    def v1_alias(self, rollout_id: str) -> str:
+        """The key naming the record of the v1 rollout ``rollout_id`` (see module)."""
+        return f"{self.v1_aliases}{rollout_id}"
+
+    @property
+    def v1_aliases(self) -> str:
+        return self._named("v1-id:")
+
     def worker(self, name: str) -> str:
         return f"{self.prefix}:worker:{name}"
 
@@ -296,6 +308,7 @@ class Keys:
             "CHANGES": self.changes,
             "STOPS": self.stops,
             "V2_RECORDS": self.records_of("v2"),
+            "V1_ALIASES": self.v1_aliases,
         }
 
 

@@ -392,12 +392,16 @@ class RecordStore:
         calls back, and a retry admits it afresh. A confirmed record whose message then fails
         to go (the gateway dies) is a queued record without a message: the workers' sweeper
         resends it, as for any lost message."""
+        keys = [key, self.queue]
+        rollout_id = fields.get(RecordField.ROLLOUT_ID)
+        if rollout_id is not None and self.keys.record("v1", rollout_id) != key:
+            keys.append(self.keys.v1_alias(rollout_id))  # found by its rollout id too
         if not self._replicas:
             args = [token, _ms(ttl_seconds), message, *_flatten(fields)]
-            return bool(await self._run("admit_commit", [key, self.queue], args))
+            return bool(await self._run("admit_commit", keys, args))
         args = [token, _ms(ttl_seconds), "", *_flatten(fields)]
         try:
-            committed = bool(await self._replicated("admit_commit", [key, self.queue], args))
+            committed = bool(await self._replicated("admit_commit", keys, args))
         except NotReplicated:
             await self._run("admit_withdraw", [key], [token])
             raise
@@ -610,12 +614,28 @@ class RecordStore:
     async def find(
         self, record_id: str, protocols: Iterable[Protocol] = PROTOCOLS
     ) -> RolloutRecord | None:
-        """The admitted rollout stored under ``record_id``, in the first protocol that has one."""
-        for protocol in protocols:
-            record = await self.load(self.keys.record(protocol, record_id))
+        """The admitted rollout stored under ``record_id``, in the first protocol that has one;
+        a v1 rollout is found by its idempotency key and by its rollout id."""
+        for key in await self.keys_of(record_id, protocols):
+            record = await self.load(key)
             if record.admitted:
                 return record
         return None
+
+    async def keys_of(
+        self, record_id: str, protocols: Iterable[Protocol] = PROTOCOLS
+    ) -> list[RecordKey]:
+        """The record keys an id may name: each protocol's record of that id and, in v1,
+        the record of the rollout admitted with that rollout id under another idempotency
+        key (its alias, see ``schema``)."""
+        keys = []
+        for protocol in protocols:
+            keys.append(self.keys.record(protocol, record_id))
+            if protocol == "v1":
+                aliased = cast(str | None, await self._redis.get(self.keys.v1_alias(record_id)))
+                if aliased is not None and aliased not in keys:
+                    keys.append(RecordKey(aliased))
+        return keys
 
     async def summaries(self) -> list[RolloutRecord]:
         """The newest ``SCAN_LIMIT`` unfinished and finished rollouts, without their request

@@ -96,6 +96,41 @@ def test_one_rollout_by_id_over_http_and_the_cli(
     assert "never admitted, or expired" in unknown.stdout
 
 
+def test_a_v1_rollout_admitted_with_an_idempotency_key_is_found_by_either_id(
+    calculator: tuple[FleetUnderTest, list[str]],
+) -> None:
+    """The record is kept under the idempotency key; the rollout id finds it too (HTTP,
+    ``status``, ``cancel``), for as long as the record is kept and no longer."""
+    handle, _ = calculator
+    done, running = calculator_bodies(handle.trainer.url, 2)
+    done["idempotency_key"], running["idempotency_key"] = "key-of-done", "key-of-running"
+    assert handle.init(done).status_code == 202
+    handle.wait_status("key-of-done", {"success"})
+    by_id = handle.http.get(f"/v1/rollouts/{done['rollout_id']}")
+    by_key = handle.http.get("/v1/rollouts/key-of-done")
+    assert by_id.status_code == by_key.status_code == 200
+    assert by_id.json()["rollout_id"] == done["rollout_id"]
+    assert by_id.json()["status"] == "success"
+    shown = fleet_cli(handle, "status", done["rollout_id"], "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["status"] == "success"
+    alias = f"{handle.prefix}:v1-id:{done['rollout_id']}"
+    assert handle.redis.get(alias) == handle.record_key("key-of-done")
+    assert (
+        abs(handle.redis.pttl(alias) - handle.redis.pttl(handle.record_key("key-of-done"))) < 1000
+    )
+
+    handle.trainer.add_faults(
+        {"target": "chat", "delay_s": 30, "rollout_id": running["rollout_id"], "times": None}
+    )
+    assert handle.init(running).status_code == 202
+    handle.wait_status("key-of-running", {"running"})
+    cancelled = fleet_cli(handle, "cancel", running["rollout_id"])
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert f"{running['rollout_id']}: cancelled_running" in cancelled.stdout
+    handle.wait_status("key-of-running", {"failure"})
+
+
 def test_listings_filter_by_status_and_age(calculator: tuple[FleetUnderTest, list[str]]) -> None:
     handle, ids = calculator
     listed = handle.http.get("/v1/rollouts", params={"status": "success", "limit": 1000}).json()

@@ -15,6 +15,22 @@ end
 local function is_v2(record)
   return string.sub(record, 1, string.len(V2_RECORDS)) == V2_RECORDS
 end
+-- Give a v1 record's alias (schema.py) the record's own TTL, if the alias still names it
+-- (a newer admission of the rollout id may have taken it); `ttl_ms` 0 deletes it.
+local function follow_alias(record, ttl_ms)
+  local id = redis.call('HGET', record, FIELD.rollout_id)
+  if not id then
+    return
+  end
+  local alias = V1_ALIASES .. id
+  if redis.call('GET', alias) == record then
+    if tonumber(ttl_ms) > 0 then
+      redis.call('PEXPIRE', alias, ttl_ms)
+    else
+      redis.call('DEL', alias)
+    end
+  end
+end
 -- Tell the long-polls watching the record its new status (the message's format: schema.py).
 -- Only v2 has long-polls (P§2.4): a v1 record's changes have no reader and are not published.
 local function publish_change(record, status)
@@ -51,5 +67,8 @@ local function terminate(record, status, result, ttl_ms, fields, terminations)
   end
   redis.call('ZADD', FINISHED, now + tonumber(ttl_ms), record)
   redis.call('PEXPIRE', record, ttl_ms)
+  if not is_v2(record) then
+    follow_alias(record, ttl_ms)
+  end
   publish_change(record, status)
 end

@@ -1,5 +1,5 @@
 -- Finish a v1 admission: record queued + task message enqueued, in one step.
--- KEYS: record, queue   ARGV: admit_token, ttl_ms, message ('': enqueued by the caller once
+-- KEYS: record, queue[, alias: when the rollout id is not the record id]   ARGV: admit_token, ttl_ms, message ('': enqueued by the caller once
 --                      the replicas confirm the record), field, value, ...
 -- -> 1, or 0 if this admission lost its claim (its pending TTL ran out) or committed already
 --    (a retry after the first reply was lost: the caller replays the stored response)
@@ -13,6 +13,9 @@ local now = now_ms()
 redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued, FIELD.accepted_at, now,
            FIELD.attempt, 0, unpack(ARGV, 4))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if KEYS[3] then
+  redis.call('SET', KEYS[3], KEYS[1], 'PX', ARGV[2])
+end
 redis.call('ZADD', ACTIVE, now, KEYS[1])
 if ARGV[3] ~= '' then
   redis.call('LPUSH', KEYS[2], ARGV[3])

@@ -7,6 +7,7 @@ local held = redis.call('HMGET', KEYS[1], FIELD.admit_token, FIELD.status)
 if held[1] ~= ARGV[1] or held[2] ~= STATUS.queued then
   return 0
 end
+follow_alias(KEYS[1], 0)
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', ACTIVE, KEYS[1])
 return 1

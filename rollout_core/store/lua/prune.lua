@@ -16,6 +16,9 @@ for _, record in ipairs(aging) do
   local status = redis.call('HGET', record, FIELD.status)
   if status and not TERMINAL[status] then
     redis.call('PEXPIRE', record, ttl)
+    if not is_v2(record) then
+      follow_alias(record, ttl)
+    end
     redis.call('ZADD', ACTIVE, now, record)
   else
     redis.call('ZREM', ACTIVE, record)
