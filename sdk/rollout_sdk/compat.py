@@ -32,6 +32,10 @@ from collections.abc import Sequence
 from types import ModuleType
 
 ALIAS_ENV = "ROLLOUT_SDK_OSMOSIS_ALIAS"
+UPSTREAM_VERSION = "0.3.8"
+"""The upstream release whose public API the alias provides; it is ``osmosis_ai.__version__``
+(and so ``rollout_sdk.__version__``, the same module). Our distribution's own version is
+``importlib.metadata.version("rollout-sdk")``."""
 UPSTREAM = "osmosis_ai"
 UPSTREAM_DISTRIBUTION = "osmosis-ai"
 TARGET = "rollout_sdk"
@@ -169,6 +173,7 @@ def uninstall_osmosis_alias() -> None:
 __all__ = [
     "ALIAS_ENV",
     "RENAMED",
+    "UPSTREAM_VERSION",
     "AliasMode",
     "AliasSettingError",
     "alias_active",
