@@ -142,3 +142,24 @@ def test_upstream_without_the_package_says_what_to_do(
         "chooses the installed osmosis-ai package and it has no such module: install it, or "
         "unset ROLLOUT_SDK_OSMOSIS_ALIAS to run the agent on rollout_sdk"
     )
+
+
+def test_the_cli_names_a_wrong_setting_before_the_agent(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "rollout_sdk.cli", "validate", "-m", "main.py"],
+        cwd=tmp_path,
+        env={**os.environ, ALIAS_ENV: "bogus"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "Error: ROLLOUT_SDK_OSMOSIS_ALIAS='bogus' is not a choice: set it to ours (the "
+        "default: osmosis_ai imports give rollout_sdk), upstream (the installed osmosis-ai "
+        "package) or off"
+    ]
