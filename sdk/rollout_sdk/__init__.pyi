@@ -2,6 +2,8 @@
 # generations share one (RolloutContext, RolloutStatus, MessageDict); rollout_sdk.v1 and
 # rollout_sdk.v2 hold each generation's under unambiguous names. This is the export list.
 
+# The upstream release the alias matches (compat.UPSTREAM_VERSION), as upstream names it.
+from .compat import UPSTREAM_VERSION as __version__  # noqa: F401
 from .config import RolloutClientSettings as RolloutClientSettings
 from .config import RolloutServerSettings as RolloutServerSettings
 from .config import RolloutSettings as RolloutSettings
@@ -24,6 +26,12 @@ from .network import is_private_ip as is_private_ip
 from .network import is_valid_hostname_or_ip as is_valid_hostname_or_ip
 from .network import validate_ipv4 as validate_ipv4
 from .rewards import osmosis_reward as osmosis_reward
+from .rewards import osmosis_rubric as osmosis_rubric
+from .rubric import MissingAPIKeyError as MissingAPIKeyError
+from .rubric import ModelNotFoundError as ModelNotFoundError
+from .rubric import ProviderRequestError as ProviderRequestError
+from .rubric import RubricResult as RubricResult
+from .rubric import evaluate_rubric as evaluate_rubric
 from .tools import create_tool_error_result as create_tool_error_result
 from .tools import create_tool_result as create_tool_result
 from .tools import execute_tool_calls as execute_tool_calls

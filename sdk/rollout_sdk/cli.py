@@ -21,6 +21,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise SystemExit("the CLI needs typer: pip install 'rollout-sdk[cli]'") from exc
 
+from rollout_sdk.compat import AliasSettingError, alias_mode
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.evaluation.command import eval_app
 from rollout_sdk.loader import Agent, AgentLoadError, load_agent, load_agent_loop, split_reference
@@ -68,7 +69,16 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
+def _check_alias_setting() -> None:
+    """A wrong ROLLOUT_SDK_OSMOSIS_ALIAS is its own mistake, not the agent reference's."""
+    try:
+        alias_mode()
+    except AliasSettingError as exc:
+        fail(str(exc))
+
+
 def load_loop_or_exit(reference: str) -> RolloutAgentLoop:
+    _check_alias_setting()
     try:
         if split_reference(reference)[1] is None:
             fail(f"invalid module spec {reference!r}: expected 'module.path:attribute'")
@@ -79,6 +89,7 @@ def load_loop_or_exit(reference: str) -> RolloutAgentLoop:
 
 def load_agent_or_exit(reference: str) -> Agent:
     """Either generation's agent, or ``Error: ...`` and exit 1."""
+    _check_alias_setting()
     try:
         return load_agent(reference)
     except AgentLoadError as exc:

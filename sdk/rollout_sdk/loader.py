@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from rollout_sdk.backend.execution import WorkflowBundle
-from rollout_sdk.compat import install_osmosis_alias
+from rollout_sdk.compat import ALIAS_ENV, UPSTREAM, AliasSettingError, install_osmosis_alias
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.discovery import DiscoveryError, bundle_for, discover_workflow
 
@@ -62,7 +62,10 @@ def _import_file(path: Path) -> ModuleType:
 
 def import_agent_module(target: str) -> ModuleType:
     """Import a module by dotted name (the working directory is importable) or by file path."""
-    install_osmosis_alias()
+    try:
+        aliased = install_osmosis_alias()
+    except AliasSettingError as exc:
+        raise AgentLoadError(str(exc)) from exc
     try:
         if _looks_like_path(target):
             return _import_file(Path(target).resolve())
@@ -81,6 +84,14 @@ def import_agent_module(target: str) -> ModuleType:
             f"{where} and its files readable by it (a folder mounted into a container: on the "
             "host, chmod -R a+rX <folder>)"
         ) from exc
+    except ModuleNotFoundError as exc:
+        if not aliased and (exc.name or "").split(".")[0] == UPSTREAM:
+            raise AgentLoadError(
+                f"cannot import {target!r}: {exc}; {ALIAS_ENV} chooses the installed "
+                "osmosis-ai package and it has no such module: install it, or unset "
+                f"{ALIAS_ENV} to run the agent on rollout_sdk"
+            ) from exc
+        raise AgentLoadError(f"cannot import {target!r}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
         raise AgentLoadError(f"cannot import {target!r}: {type(exc).__name__}: {exc}") from exc
 

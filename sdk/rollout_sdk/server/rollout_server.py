@@ -30,6 +30,7 @@ from rollout_sdk.server.result_registry import (
     check_timeouts,
 )
 from rollout_sdk.server.v2_http import QueueFull, RolloutService, ServerDraining, v2_router
+from rollout_sdk.trajectory.save import save_trajectory
 from rollout_sdk.types.protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
@@ -129,6 +130,15 @@ class InProcessRollouts(RolloutService):
             with ctx:
                 outcome = await self.backend.execute(execution)
             response = wire_result(request.rollout_id, outcome.result)
+            archived = outcome.result_to_save
+            await save_trajectory(
+                rollout_id=request.rollout_id,
+                result=archived,
+                request_label=request.label,
+                request_metadata=request.metadata,
+                request_extra_fields=request.extra_fields,
+                diagnostics=archived.extra_fields,
+            )
         except asyncio.CancelledError:
             await self._finish(entry, cancelled_result(request.rollout_id))
             raise

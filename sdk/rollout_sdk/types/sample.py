@@ -192,6 +192,14 @@ class ExecutionOutcome(BaseModel):
             return self.workflow
         return self.grader or self.workflow
 
+    @property
+    def result_to_save(self) -> ExecutionResult:
+        """What the rollout's trajectory is archived from: the grader's result when it has a
+        sample (it saw the whole conversation), else the workflow's."""
+        if self.grader is not None and self.grader.sample is not None:
+            return self.grader
+        return self.workflow
+
 
 __all__ = [
     "ExecutionOutcome",
