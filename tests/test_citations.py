@@ -20,7 +20,13 @@ from tests.harness import REPO
 SPEC = REPO / "docs" / "spec"
 DESIGN = REPO / "docs" / "design"
 CITING = ("rollout_core", "rollout_gateway", "rollout_worker", "rollout_fleet", "sdk", "tests")
-CITING_FILES = ("README.md", "docs/OPERATIONS.md", "docs/PERFORMANCE.md", "docs/RELIABILITY.md")
+CITING_FILES = (
+    "README.md",
+    "docs/OPERATIONS.md",
+    "docs/PERFORMANCE.md",
+    "docs/RELIABILITY.md",
+    "docs/WRITE-YOUR-AGENT.md",
+)
 SECTION = r"§\s?([0-9A-Z](?:[0-9.]*[0-9])?)"
 RANGE = re.compile(r"(\d+)\s*[-–]\s*(\d+)")
 
