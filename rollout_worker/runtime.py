@@ -35,6 +35,7 @@ from rollout_sdk.client import HttpClientShards, observe_traingate_calls
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
+from rollout_sdk.server.ownership import OwnershipLog, owner_from_env
 from rollout_worker import metrics, v1, v2
 from rollout_worker.chores import Chores, every
 from rollout_worker.deadline import ExitDeadline
@@ -62,7 +63,11 @@ CLOSE_SECONDS = 5.0
 
 
 def _carriers(
-    agent: Agent, settings: FleetSettings, http: HttpClientShards, box: SecretBox
+    agent: Agent,
+    settings: FleetSettings,
+    http: HttpClientShards,
+    box: SecretBox,
+    ownership: OwnershipLog,
 ) -> tuple[list[Carrier], Protocol]:
     """A carrier for each generation, and the one the agent speaks (the other only refuses)."""
     loop, bundle = (agent, None) if isinstance(agent, RolloutAgentLoop) else (None, agent)
@@ -82,6 +87,7 @@ def _carriers(
             settings.result_retention_seconds,
             settings.max_rollout_seconds,
             settings.token_ids,
+            ownership,
         ),
     ]
     return carriers, carriers[0].protocol if loop is not None else carriers[1].protocol
@@ -96,6 +102,7 @@ class _OnLoop:
     executor: Executor
     sweeper: Sweeper
     intake: Intake
+    ownership: OwnershipLog
 
     @classmethod
     async def open(
@@ -111,7 +118,10 @@ class _OnLoop:
         await start_checks(store, settings, admits=False)
         box = await load_secret_box(store, settings)
         http = HttpClientShards(concurrency, get_settings())
-        carriers, speaks = _carriers(agent, settings, http, box)
+        # Upstream's OTLP ownership logs (OSMOSIS_ROLLOUT_OTLP_ENDPOINT), owned by this worker.
+        ownership = OwnershipLog(owner_from_env(default_server_id=worker))
+        ownership.start()
+        carriers, speaks = _carriers(agent, settings, http, box, ownership)
 
         def requeue_message(key: RecordKey) -> str:
             return task_message(app, key, store.keys.record_id(key), store.queue)
@@ -129,11 +139,13 @@ class _OnLoop:
             cancel_unstarted,
             requeue_message,
         )
-        return cls(store, http, executor, Sweeper(store, requeue_message, settings), intake)
+        sweeper = Sweeper(store, requeue_message, settings)
+        return cls(store, http, executor, sweeper, intake, ownership)
 
     async def aclose(self) -> None:
         await self.http.aclose()
         await self.store.aclose()
+        await asyncio.to_thread(self.ownership.close)
 
 
 class WorkerRuntime:

@@ -3,7 +3,11 @@ long-poll returns, with, for trajectory exports, the token ids and logprobs of e
 chat calls (read from the TrainGate's answers by the SDK's transport: ``recording_turns``).
 
 It runs them with the SDK's own execution semantics (deadlines counting queue time, error
-categories, reward stripping) and reports ``grading`` as it starts grading.
+categories, reward stripping) and reports ``grading`` as it starts grading. With
+``OSMOSIS_ROLLOUT_OTLP_ENDPOINT`` set it also sends upstream's ownership logs for the
+rollouts it runs (``rollout_sdk.server.ownership``): ``running`` as it starts one,
+``grading``, and the status it stores. ``queued`` is not sent: a queued rollout has no
+owning worker yet.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from rollout_core.store import Advance, Claim, Protocol, RecordField, Status, Ve
 from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
 from rollout_sdk.client import Turn, TurnRecorder, recording_turns
 from rollout_sdk.context import RolloutContext, RolloutProgress
+from rollout_sdk.server.ownership import Fields, OwnershipLog
 from rollout_sdk.types import (
     RolloutErrorCategory,
     RolloutInitRequest,
@@ -90,8 +95,10 @@ class V2Carrier:
         retention_seconds: float,
         time_limit: float,
         token_ids: bool = True,
+        ownership: OwnershipLog | None = None,
     ) -> None:
         self.retention_seconds = retention_seconds
+        self._ownership = ownership or OwnershipLog()
         self._bundle = bundle
         self._token_ids = token_ids
         self._box = box
@@ -102,14 +109,16 @@ class V2Carrier:
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
+        owned = self._ownership.fields(request.rollout_id, request.metadata)
+        self._ownership.record(owned, RolloutStatus.RUNNING)
         with self._recording() as recorder:
             try:
-                result, trajectory = await self._run(request, claim, lease)
+                result, trajectory = await self._run(request, claim, lease, owned)
             except asyncio.CancelledError:
                 # Cancel requested, poll lease expired, or worker lease lost: only a rollout
                 # this worker still holds can record the cancellation.
                 result, trajectory = cancelled_result(request.rollout_id), ""
-        return await self._record(lease, result, trajectory, recorder.turns)
+        return await self._record(lease, owned, result, trajectory, recorder.turns)
 
     def _recording(self) -> contextlib.AbstractContextManager[TurnRecorder]:
         """Keeps the token ids and logprobs of the rollout's chat calls (ROLLOUT_FLEET_TOKEN_IDS),
@@ -117,15 +126,19 @@ class V2Carrier:
         return recording_turns() if self._token_ids else contextlib.nullcontext(TurnRecorder())
 
     async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
-        rollout_id = request_from_record(claim.record, self._box).rollout_id
+        request = request_from_record(claim.record, self._box)
+        rollout_id = request.rollout_id
+        owned = self._ownership.fields(rollout_id, request.metadata)
         category = REFUSAL_CATEGORIES.get(refusal.verdict)
         if category is None:
-            return await self._record(lease, cancelled_result(rollout_id))
-        return await self._record(lease, failure_result(rollout_id, refusal.message, category))
+            return await self._record(lease, owned, cancelled_result(rollout_id))
+        failed = failure_result(rollout_id, refusal.message, category)
+        return await self._record(lease, owned, failed)
 
     async def fail(self, claim: Claim, message: str, lease: Lease) -> Status | None:
-        internal = RolloutErrorCategory.INTERNAL_ERROR
-        return await self._record(lease, failure_result(claim.record.rollout_id, message, internal))
+        rollout_id = claim.record.rollout_id
+        failed = failure_result(rollout_id, message, RolloutErrorCategory.INTERNAL_ERROR)
+        return await self._record(lease, self._ownership.fields(rollout_id, None), failed)
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
@@ -136,7 +149,7 @@ class V2Carrier:
             yield
 
     async def _run(
-        self, request: RolloutInitRequest, claim: Claim, lease: Lease
+        self, request: RolloutInitRequest, claim: Claim, lease: Lease, owned: Fields | None
     ) -> tuple[RolloutResultResponse, str]:
         """The wire result, and for trajectory exports the sample's ``trajectory_messages`` as
         JSON when they differ from its messages (the wire never carries them; "" if none)."""
@@ -145,6 +158,7 @@ class V2Carrier:
 
         async def report(status: RolloutStatus) -> None:
             if status is RolloutStatus.GRADING:
+                self._ownership.record(owned, status)
                 grading.start()
 
         ctx = RolloutContext(
@@ -184,6 +198,7 @@ class V2Carrier:
     async def _record(
         self,
         lease: Lease,
+        owned: Fields | None,
         result: RolloutResultResponse,
         trajectory: str = "",
         turns: list[Turn] | None = None,
@@ -204,6 +219,7 @@ class V2Carrier:
             return None
         if advanced is Advance.CANCELLED:
             result, status = cancelled, Status.CANCELLED
+        self._ownership.record(owned, result.status)
         category = result.err_category.value if result.err_category else None
         metrics.rollout_finished(PROTOCOL, status, category)
         return status

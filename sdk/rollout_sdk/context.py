@@ -37,6 +37,10 @@ class SampleSource(ABC):
         """The sample; seed-shape sources take the registered name as an argument."""
 
     async def get_preview(self, max_messages: int) -> RolloutSample | None:
+        """The conversation so far for live previews (at most ``max_messages`` recent
+        messages, with ``trajectory_messages``), or ``None`` for none. Optional
+        ``extra_fields``: ``_preview_truncated`` (older messages were left out) and
+        ``_preview_turn`` (the agent's turn count)."""
         return None
 
 
@@ -92,6 +96,8 @@ class RolloutContext:
     sample_sources: dict[str, SampleSource] = field(default_factory=dict)
     progress: RolloutProgress | None = None
     current_sample_id: str | None = None  # the sample the conversation in progress belongs to
+    # False keeps the rest of this rollout out of live previews (trajectory/preview.py).
+    preview_enabled: bool = True
     _tokens: list[Token[RolloutContext | None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

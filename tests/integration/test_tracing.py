@@ -5,12 +5,11 @@ test, which keeps the spans in memory (the in-memory exporter of a multi-process
 
 from __future__ import annotations
 
-import gzip
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from rollout_sdk.testing.otlp import serve_otlp
 from tests.conftest import StartFleet
 from tests.harness import CALCULATOR_AGENT, calculator_bodies
 
@@ -48,7 +48,7 @@ class Receiver:
     spans: list[Span] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def take(self, body: bytes) -> None:
+    def take(self, body: bytes) -> bytes:
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
         for resource_spans in request.resource_spans:
@@ -64,28 +64,11 @@ class Receiver:
                                 attributes={a.key: _value(a.value) for a in span.attributes},
                             )
                         )
+        answer: bytes = ExportTraceServiceResponse().SerializeToString()
+        return answer
 
     def serve(self) -> tuple[ThreadingHTTPServer, str]:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.take(body)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *_: Any) -> None:
-                return
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        server = serve_otlp("/v1/traces", self.take)
         return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 

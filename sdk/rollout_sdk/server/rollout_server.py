@@ -3,6 +3,11 @@
 Rollouts run as asyncio tasks on the given backend; results, leases and retention live in
 memory. For local development, and as the fleet's in-process baseline. The fleet gateway
 serves the same routes (``v2_http``) with all state in Redis.
+
+As upstream's server, it reports each rollout's status changes as OTLP ownership logs when
+``OSMOSIS_ROLLOUT_OTLP_ENDPOINT`` is set (``ownership``), writes live previews when
+``_OSMOSIS_ROLLOUT_PREVIEW_ROOT`` is set (``trajectory.preview``), and archives each
+rollout's trajectory (``trajectory.save``).
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from rollout_sdk.context import RolloutContext, RolloutProgress
 from rollout_sdk.server.auth import require_bearer
 from rollout_sdk.server.http import install_error_handlers, settle_heap
 from rollout_sdk.server.lease import LeaseManager, UnknownLeaseError, new_lease_token
+from rollout_sdk.server.ownership import OwnershipLog
 from rollout_sdk.server.result_registry import (
     DuplicateRolloutError,
     UnknownRolloutError,
     check_timeouts,
 )
 from rollout_sdk.server.v2_http import QueueFull, RolloutService, ServerDraining, v2_router
+from rollout_sdk.trajectory.preview import preview_root, publish_previews
 from rollout_sdk.trajectory.save import save_trajectory
 from rollout_sdk.types.protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
@@ -88,6 +95,7 @@ class InProcessRollouts(RolloutService):
         self.entries: dict[str, _Entry] = {}
         self.leases = LeaseManager(timeout_sec=polling_lease_timeout_sec, on_expired=self._expire)
         self._background: set[asyncio.Task[Any]] = set()
+        self.ownership = OwnershipLog()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
@@ -108,6 +116,15 @@ class InProcessRollouts(RolloutService):
         entry = _Entry(request.rollout_id)
         self.entries[request.rollout_id] = entry
         self.leases.register(request.rollout_id, token)
+        owned = self.ownership.fields(request.rollout_id, request.metadata)
+
+        async def report(status: RolloutStatus) -> None:
+            self.ownership.record(owned, status)
+
+        # Every later change (running, grading, the result: also a cancel or an expired
+        # lease) goes through the progress.
+        entry.progress.on_status = report
+        self.ownership.record(owned, RolloutStatus.QUEUED)
         entry.task = asyncio.create_task(self._run(request, entry))
         return RolloutInitResponse(
             rollout_id=request.rollout_id,
@@ -125,6 +142,9 @@ class InProcessRollouts(RolloutService):
             rollout_id=request.rollout_id,
             progress=entry.progress,
         )
+        root = preview_root(request.rollout_id)
+        if root is not None:
+            self._spawn(publish_previews(ctx, entry.progress, root))
         execution = request.execution_request()
         try:
             with ctx:
@@ -313,11 +333,13 @@ def create_rollout_server(
             if lifespan is not None:
                 await stack.enter_async_context(lifespan(app))
             settle_heap()
+            service.ownership.start()
             try:
                 yield
             finally:
                 await service.shutdown()
                 await backend.shutdown()
+                await asyncio.to_thread(service.ownership.close)
 
     app = FastAPI(title="Rollout server", lifespan=server_lifespan)
     app.state.backend = backend

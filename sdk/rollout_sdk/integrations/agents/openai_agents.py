@@ -11,6 +11,7 @@ conversation to OpenAI); set ``ROLLOUT_SDK_AGENTS_TRACING=1`` to keep it.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import uuid
@@ -59,17 +60,47 @@ class SessionSampleSource(SampleSource):
 
     async def get_sample(self, *args: Any) -> RolloutSample:
         items = await self.session.get_items()
-        try:
-            trajectory = [
-                dict(message)
-                for message in Converter.items_to_messages(
-                    cast(Any, items), preserve_tool_output_all_content=True
-                )
-            ]
-        except Exception:  # archiving must never fail a rollout
-            logger.warning("could not convert session items for the trajectory", exc_info=True)
-            trajectory = None
+        trajectory = _chat_messages(items)
+        if trajectory is None:
+            logger.warning("could not convert session items for the trajectory")
         return RolloutSample(messages=cast(Any, items), trajectory_messages=trajectory)
+
+    async def get_preview(self, max_messages: int) -> RolloutSample | None:
+        """The newest session items for live previews (the turn count only for our own
+        in-memory session, which holds every item)."""
+        if max_messages <= 0:
+            return None
+        recent = await self.session.get_items(limit=max_messages + 1)
+        items = copy.deepcopy(recent[-max_messages:])
+        trajectory = _chat_messages(items)
+        if trajectory is None:  # a preview is optional; the final trajectory logs the failure
+            return None
+        turn = None
+        if isinstance(self.session, OsmosisMemorySession):
+            turn = sum(_is_model_reply(item) for item in self.session.items)
+        return RolloutSample(
+            messages=cast(Any, items),
+            trajectory_messages=trajectory,
+            extra_fields={"_preview_truncated": len(recent) > max_messages, "_preview_turn": turn},
+        )
+
+
+def _chat_messages(items: list[TResponseInputItem]) -> list[dict[str, Any]] | None:
+    """A best-effort chat-format copy of session items (``None`` when they do not convert:
+    archiving must never fail a rollout)."""
+    try:
+        return [
+            dict(message)
+            for message in Converter.items_to_messages(
+                cast(Any, items), preserve_tool_output_all_content=True
+            )
+        ]
+    except Exception:
+        return None
+
+
+def _is_model_reply(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("role") == "assistant"
 
 
 class OsmosisMemorySession(SessionABC):

@@ -8,6 +8,7 @@ which registers itself as the rollout's sample source under its name.
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -54,6 +55,28 @@ class StrandsAgentSampleSource(SampleSource):
             logger.warning("could not convert Strands messages for the trajectory", exc_info=True)
             trajectory = None
         return RolloutSample(messages=messages, trajectory_messages=trajectory)
+
+    async def get_preview(self, max_messages: int) -> RolloutSample | None:
+        """The newest messages for live previews; the turn count is the agent's replies,
+        unknown once its conversation manager has dropped history."""
+        if max_messages <= 0:
+            return None
+        history = list(self.agent.messages)
+        recent = copy.deepcopy(history[-max_messages:])
+        try:
+            trajectory = OpenAIModel.format_request_messages(recent)
+        except Exception:  # a preview is optional; the final trajectory logs its failure
+            return None
+        removed = getattr(self.agent.conversation_manager, "removed_message_count", 0) > 0
+        replies = sum(message.get("role") == "assistant" for message in history)
+        return RolloutSample(
+            messages=recent,
+            trajectory_messages=trajectory,
+            extra_fields={
+                "_preview_truncated": removed or len(history) > max_messages,
+                "_preview_turn": None if removed else replies,
+            },
+        )
 
 
 class OsmosisRolloutModel(OpenAIModel):
