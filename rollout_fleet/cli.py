@@ -432,7 +432,12 @@ def _run(fleet: LocalFleet, redis_server: RedisServer | None, key_prefix: str) -
 def up(
     agent: Annotated[str, typer.Option("--agent", "-a", help="module:attr or file.py:attr")],
     workers: Annotated[int, typer.Option(help="Worker processes")] = 2,
-    concurrency: Annotated[int | None, typer.Option(help="Rollouts per worker process")] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            help="Rollouts per worker process (default: ROLLOUT_FLEET_WORKER_CONCURRENCY, or 100)"
+        ),
+    ] = None,
     port: Annotated[
         int | None,
         typer.Option(help="Gateway port (default 8000, or a free one if 8000 is busy)"),
@@ -445,7 +450,11 @@ def up(
     ] = None,
     mock_trainer_responder: Annotated[
         str | None,
-        typer.Option("--mock-trainer", help="Also run a mock TrainGate (keyword|calculator)"),
+        typer.Option(
+            "--mock-trainer",
+            help="Also run a mock TrainGate with this responder: keyword or calculator "
+            "(default: none)",
+        ),
     ] = None,
     mock_trainer_port: Annotated[
         int | None,
@@ -604,10 +613,10 @@ def list_rollouts(
         ),
     ] = None,
     older_than: Annotated[
-        float | None, typer.Option(help="Admitted at least this many seconds ago")
+        float | None, typer.Option(help="Admitted at least this many seconds ago (default: any)")
     ] = None,
     newer_than: Annotated[
-        float | None, typer.Option(help="Admitted at most this many seconds ago")
+        float | None, typer.Option(help="Admitted at most this many seconds ago (default: any)")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="Rollouts to show at most")] = 50,
     as_json: JsonOption = False,

@@ -251,7 +251,9 @@ def serve(
     ] = None,
     log_dir: Annotated[
         str | None,
-        typer.Option("--log", help="Write each rollout's trace under DIR/<start time>/"),
+        typer.Option(
+            "--log", help="Write each rollout's trace under DIR/<start time>/ (default: none)"
+        ),
     ] = None,
 ) -> None:
     """Serve an agent loop in-process (v1 protocol)."""
