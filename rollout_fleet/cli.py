@@ -532,9 +532,7 @@ def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
     stderr first. Every failure to read it is one line on stderr and exit 2."""
     import asyncio
 
-    from redis.exceptions import RedisError
-
-    from rollout_core.store import RecordStore
+    from rollout_core.store import RecordStore, StoreError
     from rollout_fleet.target import FleetUnreadable, check_fleet, find_target, unreadable
 
     try:
@@ -551,7 +549,7 @@ def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
             await check_fleet(store, target)
             print(target.describe(), file=sys.stderr, flush=True)
             return await work(store)
-        except RedisError as exc:
+        except StoreError as exc:
             raise unreadable(exc, target) from None
         finally:
             await store.aclose()

@@ -133,37 +133,36 @@ async def check_fleet(store: RecordStore, target: FleetTarget) -> None:
 def unreadable(exc: BaseException, target: FleetTarget) -> FleetUnreadable:
     """``exc``, raised while reading the fleet, as one line naming the problem and its fix.
     Redis's own messages are shown with the password taken out."""
-    from redis.exceptions import (
-        AuthenticationError,
-        InvalidResponse,
-        RedisError,
-        ResponseError,
+    from rollout_core.store import (
+        StoreAuthError,
+        StoreError,
+        StoreNotRedis,
+        StoreReplyError,
+        StoreTimeout,
+        StoreUnavailable,
     )
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
     from rollout_core.store.store import FAIL_FAST_CONNECT_SECONDS
 
     where = target.where()
-    if isinstance(exc, AuthenticationError) or "NOAUTH" in str(exc):
+    if isinstance(exc, StoreAuthError) or "NOAUTH" in str(exc):
         problem = "refused the password" if _passwords(target) else "wants a password"
         line = (
             f"Redis at {where} {problem}; put the fleet's password in REDIS_URL: "
             "redis://:PASSWORD@HOST:PORT/DB"
         )
-    elif isinstance(exc, (TimeoutError, RedisTimeoutError)):
+    elif isinstance(exc, (TimeoutError, StoreTimeout)):
         line = (
             f"cannot reach Redis at {where}: no answer within {FAIL_FAST_CONNECT_SECONDS:g} s; "
             f"check that it runs and the network reaches it, or {SET_URL}"
         )
-    elif isinstance(exc, RedisConnectionError):
+    elif isinstance(exc, StoreUnavailable):
         line = f"cannot reach Redis at {where}: {_reason(exc, target)}; start it, or {SET_URL}"
-    elif isinstance(exc, InvalidResponse):
+    elif isinstance(exc, StoreNotRedis):
         line = (
             f"the server at {where} is not a Redis server (it answered in another protocol); "
             f"{SET_URL}"
         )
-    elif isinstance(exc, ResponseError):
+    elif isinstance(exc, StoreReplyError):
         line = (
             f"Redis at {where} refused to answer ({_said(exc, target)}); check REDIS_URL's "
             "database and user"
@@ -172,7 +171,7 @@ def unreadable(exc: BaseException, target: FleetTarget) -> FleetUnreadable:
         line = (
             f"not a Redis URL: {where} ({_said(exc, target)}); use redis://[:PASSWORD@]HOST:PORT/DB"
         )
-    elif isinstance(exc, (RedisError, OSError)):
+    elif isinstance(exc, (StoreError, OSError)):
         line = f"cannot read the fleet on {where}: {_said(exc, target)}"
     else:
         raise exc

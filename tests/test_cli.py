@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_core.settings import FleetSettings
-from rollout_core.store import RecordField, RecordStore
+from bench.cli_start import seed_fleet
 from rollout_fleet import state
 from rollout_fleet.local import fleet_command
 from rollout_fleet.processes import free_port
@@ -135,26 +134,7 @@ def guarded_redis() -> Iterator[RedisServer]:
     rollouts, one of them with a long id; database 1 holds nothing."""
     server = RedisServer(password=PASSWORD).start()
     try:
-
-        async def seed() -> None:
-            settings = FleetSettings(redis_url=server.url, key_prefix="rf")
-            store = RecordStore.connect(settings, max_connections=2)
-            try:
-                await store.own_queue()  # what every gateway and worker does as it starts
-                for rollout_id in (LONG_ID, "short-1"):
-                    await store.admit_v2(
-                        store.keys.record("v2", rollout_id),
-                        max_queued=100,
-                        poll_lease_seconds=60,
-                        ttl_seconds=600,
-                        message="MSG",
-                        lease_digest="digest",
-                        fields={RecordField.PROTOCOL: "v2", RecordField.ROLLOUT_ID: rollout_id},
-                    )
-            finally:
-                await store.aclose()
-
-        asyncio.run(seed())
+        asyncio.run(seed_fleet(server.url, [LONG_ID, "short-1"]))
         yield server
     finally:
         server.stop()

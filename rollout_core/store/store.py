@@ -24,8 +24,15 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import (
+    AuthenticationError,
+    InvalidResponse,
+    NoScriptError,
+    OutOfMemoryError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_delivery
@@ -64,6 +71,11 @@ from rollout_core.store.schema import (
 StoreError = RedisError
 StoreUnavailable = (RedisConnectionError, RedisTimeoutError)
 StoreReplyError = ResponseError
+# What a reader that reports failures tells apart (the CLI): a Redis that does not answer in
+# time, one that refused the credentials, and a server that does not speak Redis at all.
+StoreTimeout = RedisTimeoutError
+StoreAuthError = AuthenticationError
+StoreNotRedis = InvalidResponse
 StoreFull = OutOfMemoryError
 
 POOL_WAIT_SECONDS = 10.0
@@ -986,9 +998,12 @@ class RecordStore:
 __all__ = [
     "SUMMARY_FIELDS",
     "RecordStore",
+    "StoreAuthError",
     "StoreError",
     "StoreFull",
+    "StoreNotRedis",
     "StoreReplyError",
+    "StoreTimeout",
     "StoreUnavailable",
     "answers",
 ]
