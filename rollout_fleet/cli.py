@@ -120,19 +120,29 @@ def _check_settings() -> FleetSettings:
         raise typer.Exit(2) from None
 
 
+def _refuse(problem: FleetUnreadable) -> NoReturn:
+    """One line on stderr naming why the fleet cannot be read, with its fix; exit 2."""
+    print(problem, file=sys.stderr)
+    raise typer.Exit(2)
+
+
 def _refuse_unsafe_redis(settings: FleetSettings, *, admits: bool) -> None:
     """Refuse, in one line, a Redis that can lose admitted rollouts, whose queue another
     fleet uses, or (for a process that ``admits``) that lacks the replicas admissions wait
     for (``rollout_core.durability.start_checks``). The process checks again as it
     starts; this only spares the operator its traceback. A Redis that does not answer now is
-    left to that check."""
+    left to that check; a URL that is not a Redis URL is refused here."""
     import asyncio
 
     from rollout_core.durability import StartRefused, start_checks
     from rollout_core.store import RecordStore, answers
+    from rollout_fleet.target import FleetTarget, unreadable, url_source
 
-    if not answers(settings.redis_dsn):
-        return
+    try:
+        if not answers(settings.redis_dsn):
+            return
+    except ValueError as exc:
+        _refuse(unreadable(exc, FleetTarget(settings, url_source(settings))))
 
     async def check() -> None:
         store = RecordStore.connect(settings, max_connections=2)
@@ -154,10 +164,9 @@ def probe_gateway(
     host: Annotated[str, typer.Option(help="Gateway host")] = "127.0.0.1",
 ) -> None:
     """The gateway is ready: its agent loaded and Redis answers (GET /ready)."""
-    from rollout_core.settings import FleetSettings
     from rollout_fleet import probe
 
-    key = FleetSettings().api_key
+    key = _check_settings().api_key
     try:
         readiness = probe.probe_gateway(
             f"http://{host}:{port}", key.get_secret_value() if key else None
@@ -175,11 +184,10 @@ def probe_worker(
     ] = 30.0,
 ) -> None:
     """This host's worker is consuming: its liveness file is fresh."""
-    from rollout_core.settings import FleetSettings
     from rollout_fleet import probe
 
     try:
-        age = probe.probe_worker(FleetSettings(), max_age)
+        age = probe.probe_worker(_check_settings(), max_age)
     except probe.ProbeFailed as exc:
         console.print(f"[red]unhealthy:[/red] {exc}")
         raise typer.Exit(1) from exc
@@ -296,6 +304,7 @@ def flower(
     It reads the fleet's Celery config, and refuses to run without FLOWER_BASIC_AUTH
     (user:password) or an OAuth provider (FLOWER_AUTH_PROVIDER).
     """
+    _check_settings()
     from rollout_core.queue.celery_app import app as celery
 
     if not (os.environ.get("FLOWER_BASIC_AUTH") or os.environ.get("FLOWER_AUTH_PROVIDER")):
@@ -520,12 +529,6 @@ def _stop_on_signals() -> None:
         signal.signal(signum, interrupt)
 
 
-def _refuse(problem: FleetUnreadable) -> NoReturn:
-    """One line on stderr naming why the fleet cannot be read, with its fix; exit 2."""
-    print(problem, file=sys.stderr)
-    raise typer.Exit(2)
-
-
 def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
     """Run ``work`` against the records of the fleet :func:`rollout_fleet.target.find_target`
     names, once Redis answered (within seconds) and holds that fleet; say which fleet on
@@ -671,11 +674,10 @@ def cancel(
     from rich.text import Text
 
     from rollout_core.protocols import cancelled_result
-    from rollout_core.settings import FleetSettings
     from rollout_core.store import PROTOCOLS, CancelOutcome
     from rollout_fleet.tables import shown
 
-    retention = FleetSettings().result_retention_seconds
+    retention = _check_settings().result_retention_seconds
 
     async def cancel_each(store: RecordStore) -> dict[str, CancelOutcome]:
         dispositions = {}

@@ -86,8 +86,7 @@ def find_target(settings: FleetSettings) -> FleetTarget:
     from pydantic import SecretStr
 
     if "redis_url" in settings.model_fields_set:
-        given = [name for name in URL_VARIABLES if os.environ.get(name)]
-        return FleetTarget(settings, given[0] if given else "settings (.env)")
+        return FleetTarget(settings, url_source(settings))
     fleets = state.running()
     if not fleets:
         raise FleetUnreadable(
@@ -103,6 +102,15 @@ def find_target(settings: FleetSettings) -> FleetTarget:
     if "key_prefix" not in settings.model_fields_set:
         update["key_prefix"] = newest.key_prefix
     return FleetTarget(settings.model_copy(update=update), source)
+
+
+def url_source(settings: FleetSettings) -> str:
+    """Where the settings' Redis URL came from: the variable that set it, a ``.env`` file,
+    or the default."""
+    if "redis_url" not in settings.model_fields_set:
+        return "the default"
+    given = [name for name in URL_VARIABLES if os.environ.get(name)]
+    return given[0] if given else "settings (.env)"
 
 
 async def check_fleet(store: RecordStore, target: FleetTarget) -> None:
@@ -209,4 +217,12 @@ def _reason(exc: BaseException, target: FleetTarget) -> str:
     return _said(exc, target)
 
 
-__all__ = ["FleetTarget", "FleetUnreadable", "check_fleet", "find_target", "masked", "unreadable"]
+__all__ = [
+    "FleetTarget",
+    "FleetUnreadable",
+    "check_fleet",
+    "find_target",
+    "masked",
+    "unreadable",
+    "url_source",
+]

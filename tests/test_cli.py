@@ -3,7 +3,8 @@ the dashboard without a login; ``status``, ``ls``, ``cancel`` and ``export`` say
 which fleet they read (its Redis, password masked, and key prefix), and every way of not
 reading it (none set, Redis unreachable or silent, a refused password, no fleet there or
 under that prefix) is one line on stderr and exit 2, within seconds; ``ls`` keeps ids whole
-at 80 columns."""
+at 80 columns. An invalid setting, or a URL that is not a Redis URL, is one line for every
+command."""
 
 from __future__ import annotations
 
@@ -255,4 +256,27 @@ def test_an_unknown_status_is_one_line(
     assert done.stderr == (
         "no status 'done': --status takes one of admitting, queued, running, grading, "
         "delivering, success, failure, cancelled\n"
+    )
+
+
+def test_a_process_command_refuses_a_url_that_is_not_redis_in_one_line(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    env = {**clean_env, "REDIS_URL": f"http://user:{PASSWORD}@127.0.0.1:1/"}
+    done, _ = fleet_cli(tmp_path, env, "worker")
+    assert done.returncode == 2
+    assert done.stderr.startswith("not a Redis URL: http://user:***@127.0.0.1:1/ (from REDIS_URL)")
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [["probe", "worker"], ["probe", "gateway"], ["ls"]])
+def test_an_invalid_setting_is_one_line(
+    tmp_path: Path, clean_env: dict[str, str], args: list[str]
+) -> None:
+    env = {**clean_env, "ROLLOUT_FLEET_LEASE_SECONDS": "soon", "REDIS_URL": "redis://x:1/0"}
+    done, _ = fleet_cli(tmp_path, env, *args)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "invalid setting ROLLOUT_FLEET_LEASE_SECONDS: Input should be a valid number, unable "
+        "to parse string as a number\n"
     )
