@@ -243,7 +243,8 @@ def serve(
         bool, typer.Option("--skip-register", help="Upstream's flag (nothing registers here)")
     ] = False,
     local: Annotated[
-        bool, typer.Option("--local", "--local-debug", help="No server key: no auth")
+        bool,
+        typer.Option("--local", "--local-debug", help="No server key (no auth), no registration"),
     ] = False,
     api_key: Annotated[
         str | None,
