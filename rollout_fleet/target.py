@@ -64,7 +64,7 @@ class FleetTarget:
     """The fleet the CLI reads: its settings (Redis URL, key prefix) and where they came from."""
 
     settings: FleetSettings
-    source: str  # "REDIS_URL", ".env", "rollout-fleet up (pid 123)", ...
+    source: str  # "REDIS_URL", "settings (.env)", "rollout-fleet up, pid 123", ...
 
     @property
     def redis(self) -> str:
