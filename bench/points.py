@@ -11,6 +11,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from bench.cli_start import cli_start
 from bench.drivers import Run, drive_admissions, drive_long_polls, drive_v1, drive_v2
 from bench.measure import RedisTraffic, Usage, idle_commands
 from bench.systems import System, baseline, fleet, replica, traingate
@@ -381,4 +382,5 @@ POINTS: dict[str, Point] = {
     "scaling": scaling,
     "growth": growth,
     "replication": replication,
+    "cli-start": cli_start,
 }

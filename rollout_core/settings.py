@@ -14,7 +14,6 @@ import tempfile
 from functools import cached_property
 from typing import Annotated, Literal, Self
 
-import httpx
 from pydantic import (
     AfterValidator,
     AliasChoices,
@@ -255,7 +254,9 @@ class FleetSettings(BaseSettings):
     def _split_prefixes(cls, value: object) -> object:
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
-        if isinstance(value, list):
+        if isinstance(value, list) and value:
+            import httpx  # only here: every CLI command reads settings, few set trainer URLs
+
             for prefix in value:
                 url = httpx.URL(prefix)
                 if url.scheme not in ("http", "https") or not url.host:

@@ -9,11 +9,13 @@ rollout-fleet probe gateway --port 8000
 rollout-fleet status <rollout id>    rollout-fleet ls --status running --older-than 600
 rollout-fleet cancel <rollout id>... rollout-fleet export -o trajectories.jsonl
 rollout-fleet eval run configs/eval/default.toml --name nightly
+
+Every heavy import (Celery, FastAPI, uvicorn, redis, pydantic-settings, rich, the SDK) sits
+in the command that needs it: ``--help`` and a ``status`` start in a fraction of a second.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -21,27 +23,23 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from rollout_fleet import state
-from rollout_fleet.local import LocalFleet
-from rollout_fleet.processes import free_port, port_free
-from rollout_fleet.reaper import Reaper
-from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.cli import mock_trainer
-from rollout_sdk.evaluation.command import eval_app
+from rollout_sdk.lazy_group import lazy_group
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from rollout_core.settings import FleetSettings
     from rollout_core.store import RecordStore
-    from rollout_core.views import RolloutView
     from rollout_fleet.evaluation import FleetExecutor
+    from rollout_fleet.local import LocalFleet
+    from rollout_fleet.redis_server import RedisServer
+    from rollout_fleet.target import FleetUnreadable
     from rollout_sdk.evaluation.config import EvalConfig
     from rollout_sdk.loader import Agent
     from rollout_sdk.localrun.runner import RunOptions
@@ -53,6 +51,7 @@ app = typer.Typer(
     help="Run LLM-agent rollouts on a Celery/Redis worker fleet.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # click's plain help: quick to start, paragraphs rewrapped whole
 )
 app.command("mock-trainer")(mock_trainer)
 
@@ -63,11 +62,45 @@ def _on_a_fleet(agent: Agent, config: EvalConfig, options: RunOptions) -> FleetE
     return FleetExecutor(agent, config, options)
 
 
-app.add_typer(eval_app(_on_a_fleet, "on a fleet: [fleet] gateway_url, or one started"), name="eval")
+def _eval_app() -> typer.Typer:
+    from rollout_sdk.evaluation.command import eval_app
+
+    return eval_app(_on_a_fleet, "on a fleet: [fleet] gateway_url, or one started")
+
+
+app.add_typer(
+    typer.Typer(),
+    name="eval",
+    help="Evaluate an agent on a dataset, on a fleet.\n\nThe fleet is the config's [fleet] "
+    "gateway_url, or one started for the run.",
+    no_args_is_help=True,
+    cls=lazy_group(_eval_app),
+)
 probe = typer.Typer(help="Health probes for orchestrators: exit 0 if healthy, else 1.")
 app.add_typer(probe, name="probe")
-console = Console()
-notes = Console(stderr=True)  # what must not mix with a command's output (--json)
+
+
+class _LazyConsole:
+    """A rich console made on first use: importing rich would cost every command's start
+    (``--help`` included) a good part of its time."""
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr)
+        return self._console
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        self.get().print(*objects, **options)
+
+
+console = _LazyConsole()
+notes = _LazyConsole(stderr=True)  # errors, and what must not mix with output (--json)
 
 
 def _check_settings() -> FleetSettings:
@@ -83,8 +116,14 @@ def _check_settings() -> FleetSettings:
         for error in exc.errors(include_input=False, include_url=False):
             where = ".".join(str(part) for part in error["loc"])
             field = f"ROLLOUT_FLEET_{where.upper()}: " if where else ""
-            console.print(f"[red]invalid setting[/red] {field}{error['msg']}", soft_wrap=True)
+            notes.print(f"[red]invalid setting[/red] {field}{error['msg']}", soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+def _refuse(problem: FleetUnreadable) -> NoReturn:
+    """One line on stderr naming why the fleet cannot be read, with its fix; exit 2."""
+    print(problem, file=sys.stderr)
+    raise typer.Exit(2)
 
 
 def _refuse_unsafe_redis(settings: FleetSettings, *, admits: bool) -> None:
@@ -92,12 +131,18 @@ def _refuse_unsafe_redis(settings: FleetSettings, *, admits: bool) -> None:
     fleet uses, or (for a process that ``admits``) that lacks the replicas admissions wait
     for (``rollout_core.durability.start_checks``). The process checks again as it
     starts; this only spares the operator its traceback. A Redis that does not answer now is
-    left to that check."""
+    left to that check; a URL that is not a Redis URL is refused here."""
+    import asyncio
+
     from rollout_core.durability import StartRefused, start_checks
     from rollout_core.store import RecordStore, answers
+    from rollout_fleet.target import FleetTarget, unreadable, url_source
 
-    if not answers(settings.redis_dsn):
-        return
+    try:
+        if not answers(settings.redis_dsn):
+            return
+    except ValueError as exc:
+        _refuse(unreadable(exc, FleetTarget(settings, url_source(settings))))
 
     async def check() -> None:
         store = RecordStore.connect(settings, max_connections=2)
@@ -119,10 +164,9 @@ def probe_gateway(
     host: Annotated[str, typer.Option(help="Gateway host")] = "127.0.0.1",
 ) -> None:
     """The gateway is ready: its agent loaded and Redis answers (GET /ready)."""
-    from rollout_core.settings import FleetSettings
     from rollout_fleet import probe
 
-    key = FleetSettings().api_key
+    key = _check_settings().api_key
     try:
         readiness = probe.probe_gateway(
             f"http://{host}:{port}", key.get_secret_value() if key else None
@@ -140,11 +184,10 @@ def probe_worker(
     ] = 30.0,
 ) -> None:
     """This host's worker is consuming: its liveness file is fresh."""
-    from rollout_core.settings import FleetSettings
     from rollout_fleet import probe
 
     try:
-        age = probe.probe_worker(FleetSettings(), max_age)
+        age = probe.probe_worker(_check_settings(), max_age)
     except probe.ProbeFailed as exc:
         console.print(f"[red]unhealthy:[/red] {exc}")
         raise typer.Exit(1) from exc
@@ -160,7 +203,10 @@ def gateway(
         str | None, typer.Option(help="uvicorn log level (default: ROLLOUT_FLEET_LOG_LEVEL)")
     ] = None,
 ) -> None:
-    """Run the HTTP gateway (admission, health, metrics) for the agent named by AGENT."""
+    """Run the HTTP gateway: admission, health, metrics.
+
+    It serves the agent named by AGENT (or ROLLOUT_FLEET_AGENT).
+    """
     import tempfile
 
     import uvicorn
@@ -217,7 +263,10 @@ def worker(
         str | None, typer.Option(help="Celery log level (default: ROLLOUT_FLEET_LOG_LEVEL)")
     ] = None,
 ) -> None:
-    """Run one worker process: a Celery consumer driving rollouts on one asyncio loop."""
+    """Run one worker process: a Celery consumer.
+
+    It drives its rollouts on one asyncio loop.
+    """
     _check_settings()
     from rollout_core.queue.celery_app import settings
     from rollout_worker.tasks import run_worker
@@ -250,7 +299,12 @@ def flower(
         str, typer.Option(help="Columns of the Tasks page (args: the rollout id)")
     ] = "name,args,state,received,started,runtime,worker,uuid",
 ) -> None:
-    """Run the Flower dashboard on the fleet's Celery config; refuses to run without a login."""
+    """Run the Flower dashboard, behind a login.
+
+    It reads the fleet's Celery config, and refuses to run without FLOWER_BASIC_AUTH
+    (user:password) or an OAuth provider (FLOWER_AUTH_PROVIDER).
+    """
+    _check_settings()
     from rollout_core.queue.celery_app import app as celery
 
     if not (os.environ.get("FLOWER_BASIC_AUTH") or os.environ.get("FLOWER_AUTH_PROVIDER")):
@@ -269,6 +323,8 @@ def flower(
 
 
 def _print_fleet(fleet: LocalFleet, redis_server: RedisServer | None) -> None:
+    from rich.table import Table
+
     table = Table(title="Rollout Fleet is up", show_header=True)
     table.add_column("service")
     table.add_column("where")
@@ -312,6 +368,8 @@ def _choose_port(service: str, asked: int | None, default: int, taken: set[int])
     """The port ``service`` will listen on, chosen before anything starts. A port asked for is
     that port or nothing: when it is busy, ``up`` stops, naming it. Otherwise ``default``, or
     a free port if it is busy (said so)."""
+    from rollout_fleet.processes import free_port, port_free
+
     if asked is not None:
         if asked in taken or not port_free(asked):
             console.print(
@@ -383,7 +441,12 @@ def _run(fleet: LocalFleet, redis_server: RedisServer | None, key_prefix: str) -
 def up(
     agent: Annotated[str, typer.Option("--agent", "-a", help="module:attr or file.py:attr")],
     workers: Annotated[int, typer.Option(help="Worker processes")] = 2,
-    concurrency: Annotated[int | None, typer.Option(help="Rollouts per worker process")] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            help="Rollouts per worker process (default: ROLLOUT_FLEET_WORKER_CONCURRENCY, or 100)"
+        ),
+    ] = None,
     port: Annotated[
         int | None,
         typer.Option(help="Gateway port (default 8000, or a free one if 8000 is busy)"),
@@ -396,7 +459,11 @@ def up(
     ] = None,
     mock_trainer_responder: Annotated[
         str | None,
-        typer.Option("--mock-trainer", help="Also run a mock TrainGate (keyword|calculator)"),
+        typer.Option(
+            "--mock-trainer",
+            help="Also run a mock TrainGate with this responder: keyword or calculator "
+            "(default: none)",
+        ),
     ] = None,
     mock_trainer_port: Annotated[
         int | None,
@@ -411,6 +478,11 @@ def up(
     Nothing up starts outlives it, even when it is killed. In another terminal,
     rollout-fleet status, ls, cancel and export find this fleet (unless REDIS_URL is set).
     """
+    from rollout_fleet.local import LocalFleet
+    from rollout_fleet.processes import free_port
+    from rollout_fleet.reaper import Reaper
+    from rollout_fleet.redis_server import RedisServer
+
     settings = _check_settings()
     _stop_on_signals()
     taken: set[int] = set()  # ports asked for are placed first: a default never takes one
@@ -457,72 +529,38 @@ def _stop_on_signals() -> None:
         signal.signal(signum, interrupt)
 
 
-def _fleet_settings() -> FleetSettings:
-    """The settings of the fleet the CLI looks into: ``REDIS_URL``'s, else those of the
-    newest ``rollout-fleet up`` this user runs (its Redis and key prefix)."""
-    from pydantic import SecretStr
-
-    settings = _check_settings()
-    if "redis_url" in settings.model_fields_set:
-        return settings
-    fleets = state.running()
-    if not fleets:
-        return settings
-    if len(fleets) > 1:
-        pids = ", ".join(str(fleet.pid) for fleet in fleets)
-        notes.print(
-            f"{len(fleets)} rollout-fleet up are running (pids {pids}): looking into the "
-            f"newest (pid {fleets[0].pid}); set REDIS_URL to choose",
-            soft_wrap=True,
-        )
-    update: dict[str, object] = {"redis_url": SecretStr(fleets[0].redis_url)}
-    if "key_prefix" not in settings.model_fields_set:
-        update["key_prefix"] = fleets[0].key_prefix
-    return settings.model_copy(update=update)
-
-
 def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
-    """Run ``work`` against the fleet's records (``REDIS_URL``, ``ROLLOUT_FLEET_KEY_PREFIX``;
-    unset, those of the ``rollout-fleet up`` running here)."""
-    from rollout_core.store import RecordStore
+    """Run ``work`` against the records of the fleet :func:`rollout_fleet.target.find_target`
+    names, once Redis answered (within seconds) and holds that fleet; say which fleet on
+    stderr first. Every failure to read it is one line on stderr and exit 2."""
+    import asyncio
 
-    settings = _fleet_settings()
+    from rollout_core.store import RecordStore, StoreError
+    from rollout_fleet.target import FleetUnreadable, check_fleet, find_target, unreadable
+
+    try:
+        target = find_target(_check_settings())
+    except FleetUnreadable as problem:
+        _refuse(problem)
 
     async def run() -> T:
-        store = RecordStore.connect(settings, max_connections=4)
         try:
+            store = RecordStore.connect(target.settings, max_connections=4, fail_fast=True)
+        except ValueError as exc:  # the URL's form
+            raise unreadable(exc, target) from None
+        try:
+            await check_fleet(store, target)
+            print(target.describe(), file=sys.stderr, flush=True)
             return await work(store)
+        except StoreError as exc:
+            raise unreadable(exc, target) from None
         finally:
             await store.aclose()
 
-    return asyncio.run(run())
-
-
-def _shown(value: object) -> Text:
-    """A value from a record, shown as data: never read as markup, control characters as
-    escapes (an admitted id may hold anything; the operator's terminal must not obey it)."""
-    text = "" if value is None else str(value)
-    return Text(
-        "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
-    )
-
-
-def _views_table(views: list[RolloutView]) -> Table:
-    table = Table(show_header=True)
-    for column in ("rollout", "protocol", "status", "attempt", "worker", "age s", "run s", "error"):
-        table.add_column(column)
-    for view in views:
-        table.add_row(
-            _shown(view.rollout_id),
-            view.protocol,
-            view.status,
-            str(view.attempt),
-            _shown(view.worker),
-            f"{view.age_seconds:.1f}",
-            "" if view.run_seconds is None else f"{view.run_seconds:.2f}",
-            _shown((view.error or "")[:60]),
-        )
-    return table
+    try:
+        return asyncio.run(run())
+    except FleetUnreadable as problem:
+        _refuse(problem)
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
@@ -533,11 +571,20 @@ def status(
     rollout_id: Annotated[str, typer.Argument(help="Rollout id (v1: or its idempotency key)")],
     as_json: JsonOption = False,
 ) -> None:
-    """One rollout's record: status, attempts, worker, timings, reward, error."""
+    """One rollout's record.
+
+    Its status, attempts, worker, timings, reward and error.
+
+    Reads the fleet REDIS_URL names (with ROLLOUT_FLEET_KEY_PREFIX), else the rollout-fleet
+    up running here, and says which on stderr. Exit 1 if the rollout is unknown, 2 if the
+    fleet cannot be read.
+    """
     from rollout_core.views import find
 
     view = _store_call(lambda store: find(store, rollout_id))
     if view is None:
+        from rich.markup import escape
+
         console.print(
             f"[red]no rollout[/red] {escape(repr(rollout_id))}: never admitted, or expired"
         )
@@ -545,24 +592,49 @@ def status(
     if as_json:
         print(view.model_dump_json(indent=2))
         return
-    table = Table(show_header=False, title=Text.assemble("rollout ", _shown(rollout_id)))
+    from rich.table import Table
+    from rich.text import Text
+
+    from rollout_fleet.tables import shown
+
+    table = Table(show_header=False, title=Text.assemble("rollout ", shown(rollout_id)))
     for name, value in view.model_dump().items():
-        table.add_row(name, _shown(value))
+        table.add_row(name, shown(value))
     console.print(table)
 
 
 @app.command("ls")
 def list_rollouts(
     status: Annotated[
-        list[str] | None, typer.Option("--status", "-s", help="Keep this status (repeatable)")
+        list[str] | None,
+        typer.Option(
+            "--status",
+            "-s",
+            help="Keep rollouts in this status, e.g. running (repeatable; default: all)",
+        ),
     ] = None,
-    older_than: Annotated[float | None, typer.Option(help="Admitted at least s ago")] = None,
-    newer_than: Annotated[float | None, typer.Option(help="Admitted at most s ago")] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 50,
+    older_than: Annotated[
+        float | None, typer.Option(help="Admitted at least this many seconds ago (default: any)")
+    ] = None,
+    newer_than: Annotated[
+        float | None, typer.Option(help="Admitted at most this many seconds ago (default: any)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Rollouts to show at most")] = 50,
     as_json: JsonOption = False,
 ) -> None:
-    """The rollouts the fleet holds, newest first."""
+    """The rollouts the fleet holds, newest first.
+
+    Reads the fleet REDIS_URL names (with ROLLOUT_FLEET_KEY_PREFIX), else the rollout-fleet
+    up running here, and says which on stderr. Exit 2 if the fleet cannot be read.
+    """
+    from rollout_core.store import Status
     from rollout_core.views import listing
+
+    unknown = sorted(set(status or ()) - set(Status))
+    if unknown:
+        statuses = ", ".join(Status)
+        print(f"no status {unknown[0]!r}: --status takes one of {statuses}", file=sys.stderr)
+        raise typer.Exit(2)
 
     views = _store_call(
         lambda store: listing(
@@ -576,20 +648,36 @@ def list_rollouts(
     if as_json:
         print(json.dumps([view.model_dump(mode="json") for view in views], indent=2))
         return
-    console.print(_views_table(views))
-    console.print(f"{len(views)} rollouts")
+    from rollout_fleet.tables import views_table
+
+    width = console.get().width
+    table, left_out = views_table(views, width)
+    console.print(table)
+    note = ""
+    if left_out:
+        note = f" ({' and '.join(left_out)} left out at {width} columns: widen it, or --json)"
+    console.print(f"{len(views)} rollouts{note}", soft_wrap=True)
 
 
 @app.command()
 def cancel(
     rollout_ids: Annotated[list[str], typer.Argument(help="Rollout ids (v1: or idempotency keys)")],
 ) -> None:
-    """Cancel rollouts: a queued one never runs, a running one stops (v1: the trainer is told)."""
-    from rollout_core.protocols import cancelled_result
-    from rollout_core.settings import FleetSettings
-    from rollout_core.store import CancelOutcome
+    """Cancel rollouts.
 
-    retention = FleetSettings().result_retention_seconds
+    A queued one never runs, a running one stops (v1: the trainer is told).
+
+    Reads the fleet REDIS_URL names (with ROLLOUT_FLEET_KEY_PREFIX), else the rollout-fleet
+    up running here, and says which on stderr. Exit 1 if an id is unknown, 2 if the fleet
+    cannot be read.
+    """
+    from rich.text import Text
+
+    from rollout_core.protocols import cancelled_result
+    from rollout_core.store import CancelOutcome
+    from rollout_fleet.tables import shown
+
+    retention = _check_settings().result_retention_seconds
 
     async def cancel_each(store: RecordStore) -> dict[str, CancelOutcome]:
         dispositions = {}
@@ -606,7 +694,7 @@ def cancel(
 
     dispositions = _store_call(cancel_each)
     for rollout_id, disposition in dispositions.items():
-        console.print(Text.assemble(_shown(rollout_id), f": {disposition}"))
+        console.print(Text.assemble(shown(rollout_id), f": {disposition}"))
     if CancelOutcome.UNKNOWN in dispositions.values():
         raise typer.Exit(1)
 
@@ -617,7 +705,16 @@ def export(
         Path | None, typer.Option("-o", "--output", help="JSONL file (default: stdout)")
     ] = None,
 ) -> None:
-    """Every finished rollout the fleet still keeps, one JSON line each (its trajectory)."""
+    """Export finished rollouts as JSON lines.
+
+    Every finished rollout the fleet still keeps, one line each (its trajectory).
+
+    Reads the fleet REDIS_URL names (with ROLLOUT_FLEET_KEY_PREFIX), else the rollout-fleet
+    up running here, and says which on stderr. Exit 2 if the fleet cannot be read, 1 if the
+    file cannot be written.
+    """
+    import asyncio
+
     from rollout_core.views import trajectories
 
     async def write_all(store: RecordStore) -> int:
@@ -628,7 +725,11 @@ def export(
             await asyncio.to_thread(output.write_text, "".join(lines), encoding="utf-8")
         return len(lines)
 
-    written = _store_call(write_all)
+    try:
+        written = _store_call(write_all)
+    except OSError as exc:
+        print(f"cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
     if output is not None:
         console.print(f"{written} rollouts written to {output}")
 

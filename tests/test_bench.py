@@ -51,3 +51,31 @@ def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
     assert by_figure["Redis CPU ms/rollout"]["value"] == fleet["cpu_ms_per_rollout"]["redis"]
     assert fleet["redis_commands_by_name"]["evalsha"] > 0  # the store's scripts ran
     assert "Rollout Fleet benchmark" in done.stdout  # the table follows the lines
+
+
+def test_the_cli_start_point_reports_each_command_beside_the_interpreter() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "cli-start", "--scale", "0.1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [line["figure"] for line in lines] == [
+        "python -c pass (baseline) ms",
+        "rollout-fleet --help ms",
+        "rollout-sdk --help ms",
+        "rollout-fleet status <id> ms",
+        "rollout-fleet status <id>, no bytecode cache ms",
+    ]
+    baseline, *commands = lines
+    for line in lines:
+        assert line["target"] == "report"
+        assert line["runs"] == 3
+        assert line["value"] > 0
+        assert line["cpu_ms"] > 0
+    for line in commands:
+        assert line["over_baseline_ms"] == line["value"] - baseline["value"]

@@ -15,12 +15,12 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from celery import Celery
-from kombu.serialization import dumps
+from typing import TYPE_CHECKING, Any
 
 from rollout_core.store.schema import RecordField
+
+if TYPE_CHECKING:  # the store imports this module, and status/ls/export need no Celery
+    from celery import Celery
 
 TASK_NAME = "rollout.run"
 # Marks the message an admission pushes to the back of the queue. kombu marks a message it
@@ -71,6 +71,8 @@ def task_message(
         kwargsrepr="{}",
         ignore_result=True,
     )
+    from kombu.serialization import dumps
+
     for name, value in (headers or {}).items():
         message.headers[name] = value
     content_type, content_encoding, body = dumps(message.body, serializer="json")

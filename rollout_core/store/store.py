@@ -22,10 +22,17 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline, PubSub
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import (
+    AuthenticationError,
+    InvalidResponse,
+    NoScriptError,
+    OutOfMemoryError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_delivery
@@ -64,6 +71,11 @@ from rollout_core.store.schema import (
 StoreError = RedisError
 StoreUnavailable = (RedisConnectionError, RedisTimeoutError)
 StoreReplyError = ResponseError
+# What a reader that reports failures tells apart (the CLI): a Redis that does not answer in
+# time, one that refused the credentials, and a server that does not speak Redis at all.
+StoreTimeout = RedisTimeoutError
+StoreAuthError = AuthenticationError
+StoreNotRedis = InvalidResponse
 StoreFull = OutOfMemoryError
 
 POOL_WAIT_SECONDS = 10.0
@@ -102,6 +114,9 @@ class BudgetedRetry(Retry):
 
 
 RECONNECT = BudgetedRetry(RETRY_BUDGET_SECONDS, REDIS_COMMAND_TIMEOUT_SECONDS)
+# A caller that reports a failure instead of riding it out (the CLI) tries once, and gives a
+# connection this long to open.
+FAIL_FAST_CONNECT_SECONDS = 2.0
 SCAN_LIMIT = 20_000  # a listing reads at most this many unfinished and finished records
 # Fields a listing reads: everything but the request and the (possibly large) result.
 SUMMARY_FIELDS = (
@@ -174,20 +189,31 @@ class _SentinelConnection(SentinelManagedConnection):
 
 
 def _client(
-    url: str, max_connections: int, sentinel_master: str, *, listening: bool = False
+    url: str,
+    max_connections: int,
+    sentinel_master: str,
+    *,
+    listening: bool = False,
+    fail_fast: bool = False,
 ) -> Redis:
-    """A client that reconnects and retries through connection failures, and whose pool
-    makes callers wait for a free connection instead of failing. Commands time out (a Redis
-    that stopped answering must not hang a caller); a ``listening`` client (pub/sub) waits
-    for messages as long as it takes and finds a dead connection by its health checks. A
-    ``sentinel://`` URL (kombu's form, one per sentinel, ``;``-separated) reaches the primary
-    the sentinels name ``sentinel_master``, and follows it when it fails over."""
+    """A client that reconnects and retries through connection failures (unless it should
+    ``fail_fast``: then one try, and a short connect timeout), and whose pool makes callers
+    wait for a free connection instead of failing. Commands time out (a Redis that stopped
+    answering must not hang a caller); a ``listening`` client (pub/sub) waits for messages as
+    long as it takes and finds a dead connection by its health checks. A ``sentinel://`` URL
+    (kombu's form, one per sentinel, ``;``-separated) reaches the primary the sentinels name
+    ``sentinel_master``, and follows it when it fails over."""
     options: dict[str, Any] = {
         "socket_connect_timeout": REDIS_COMMAND_TIMEOUT_SECONDS,
         "decode_responses": True,
         "retry": RECONNECT,
         "retry_on_error": [RedisConnectionError, RedisTimeoutError],
     }
+    if fail_fast:
+        options |= {
+            "socket_connect_timeout": FAIL_FAST_CONNECT_SECONDS,
+            "retry": Retry(NoBackoff(), 0),
+        }
     if listening:
         options |= {"health_check_interval": 10, "socket_keepalive": True}
     else:
@@ -265,12 +291,16 @@ class RecordStore:
         self._replica_timeout = replica_timeout_seconds
 
     @classmethod
-    def connect(cls, settings: FleetSettings, max_connections: int | None = None) -> Self:
-        """The store of the fleet ``settings`` describe, with its own connection pool."""
+    def connect(
+        cls, settings: FleetSettings, max_connections: int | None = None, *, fail_fast: bool = False
+    ) -> Self:
+        """The store of the fleet ``settings`` describe, with its own connection pool. One
+        that should ``fail_fast`` (a command line's) raises the first connection failure
+        instead of retrying through it."""
         pool_size = max_connections or settings.redis_max_connections
         dsn, master = settings.redis_dsn, settings.sentinel_master
-        listener = _client(dsn, 4, master, listening=True)
-        store = _client(dsn, pool_size, master)
+        listener = _client(dsn, 4, master, listening=True, fail_fast=fail_fast)
+        store = _client(dsn, pool_size, master, fail_fast=fail_fast)
         return cls(
             store,
             settings.key_prefix,
@@ -804,6 +834,22 @@ class RecordStore:
         """The key prefix registered as the queue's user, if any."""
         return cast(str | None, await self._redis.get(self.queue_owner_key))
 
+    async def holds_fleet(self) -> bool:
+        """Whether a fleet with this key prefix uses this Redis database: its queue is
+        registered to the prefix, or some of the prefix's fleet-wide keys exist."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.queue_owner_key)
+            pipe.exists(
+                self.keys.active,
+                self.keys.finished,
+                self.keys.workers,
+                self.keys.deployment,
+                self.keys.fleet_key,
+                self.keys.v2_ids,
+            )
+            owner, existing = await pipe.execute()
+        return owner == self.keys.prefix or int(existing) > 0
+
     async def requeue(self, key: RecordKey, message: str) -> bool:
         return bool(await self._run("requeue", [key, self.queue], [message]))
 
@@ -972,9 +1018,12 @@ class RecordStore:
 __all__ = [
     "SUMMARY_FIELDS",
     "RecordStore",
+    "StoreAuthError",
     "StoreError",
     "StoreFull",
+    "StoreNotRedis",
     "StoreReplyError",
+    "StoreTimeout",
     "StoreUnavailable",
     "answers",
 ]

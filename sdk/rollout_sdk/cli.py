@@ -9,26 +9,24 @@ rollout-sdk eval run configs/eval/default.toml --name first-try
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 try:
     import typer
-    from dotenv import load_dotenv
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise SystemExit("the CLI needs typer: pip install 'rollout-sdk[cli]'") from exc
 
-from rollout_sdk.compat import AliasSettingError, alias_mode
-from rollout_sdk.core.base import RolloutAgentLoop
-from rollout_sdk.evaluation.command import eval_app
-from rollout_sdk.loader import Agent, AgentLoadError, load_agent, load_agent_loop, split_reference
+from rollout_sdk.lazy_group import lazy_group
 
+# Everything else is imported by the command that needs it: `rollout-sdk --help` (and every
+# command's start) would otherwise pay for FastAPI, rich, the agent loader and the eval code.
 if TYPE_CHECKING:
+    from rollout_sdk.core.base import RolloutAgentLoop
     from rollout_sdk.evaluation.config import EvalConfig
     from rollout_sdk.evaluation.run import Executor
+    from rollout_sdk.loader import Agent
     from rollout_sdk.localrun.runner import RunOptions
 
 app = typer.Typer(
@@ -36,6 +34,7 @@ app = typer.Typer(
     help="Validate, serve and test rollout agents.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # click's plain help: quick to start, paragraphs rewrapped whole
 )
 
 
@@ -45,7 +44,19 @@ def _in_process(agent: Agent, config: EvalConfig, options: RunOptions) -> Execut
     return LocalExecutor(agent, options, default_in_flight=config.batch_size or 1)
 
 
-app.add_typer(eval_app(_in_process, "in this process"), name="eval")
+def _eval_app() -> typer.Typer:
+    from rollout_sdk.evaluation.command import eval_app
+
+    return eval_app(_in_process, "in this process")
+
+
+app.add_typer(
+    typer.Typer(),
+    name="eval",
+    help="Evaluate an agent on a dataset (in this process).",
+    no_args_is_help=True,
+    cls=lazy_group(_eval_app),
+)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -71,6 +82,8 @@ def fail(message: str) -> NoReturn:
 
 def _check_alias_setting() -> None:
     """A wrong ROLLOUT_SDK_OSMOSIS_ALIAS is its own mistake, not the agent reference's."""
+    from rollout_sdk.compat import AliasSettingError, alias_mode
+
     try:
         alias_mode()
     except AliasSettingError as exc:
@@ -78,6 +91,8 @@ def _check_alias_setting() -> None:
 
 
 def load_loop_or_exit(reference: str) -> RolloutAgentLoop:
+    from rollout_sdk.loader import AgentLoadError, load_agent_loop, split_reference
+
     _check_alias_setting()
     try:
         if split_reference(reference)[1] is None:
@@ -89,6 +104,8 @@ def load_loop_or_exit(reference: str) -> RolloutAgentLoop:
 
 def load_agent_or_exit(reference: str) -> Agent:
     """Either generation's agent, or ``Error: ...`` and exit 1."""
+    from rollout_sdk.loader import AgentLoadError, load_agent, split_reference
+
     _check_alias_setting()
     try:
         return load_agent(reference)
@@ -103,6 +120,8 @@ def load_agent_or_exit(reference: str) -> Agent:
 
 @app.callback()
 def _load_env() -> None:
+    from dotenv import load_dotenv
+
     load_dotenv(".env")
 
 
@@ -111,7 +130,10 @@ def validate(
     module: AgentOption,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show warnings")] = False,
 ) -> None:
-    """Check an agent: a v1 loop's name, tools and run method, or a v2 workflow and grader."""
+    """Check an agent.
+
+    A v1 loop's name, tools and run method, or a v2 workflow and grader.
+    """
     from rollout_sdk.server.serve import validate_and_report
 
     if not validate_and_report(load_agent_or_exit(module), verbose=verbose).valid:
@@ -126,30 +148,51 @@ def run_rows(
     base_url: Annotated[
         str, typer.Option(help="OpenAI-compatible endpoint (…/v1)")
     ] = "https://api.openai.com/v1",
-    api_key: Annotated[str | None, typer.Option(help="Key for the endpoint")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Key for the endpoint (default: $API_KEY_ENV's value)")
+    ] = None,
     api_key_env: Annotated[
         str, typer.Option(help="Environment variable holding the key (if --api-key is not set)")
     ] = "OPENAI_API_KEY",
     max_turns: Annotated[int, typer.Option(help="v1 request max_turns")] = 10,
-    temperature: Annotated[float | None, typer.Option()] = None,
-    max_tokens: Annotated[int | None, typer.Option()] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="Rows to run")] = None,
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature (default: the endpoint's)")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Tokens per completion (default: the endpoint's)")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Rows to run (default: all)")] = None,
     offset: Annotated[int, typer.Option(min=0, help="First row to run")] = 0,
-    concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1)] = 1,
+    concurrency: Annotated[
+        int, typer.Option("-c", "--concurrency", min=1, help="Rows run at once")
+    ] = 1,
     interactive: Annotated[
         bool, typer.Option("-i", "--interactive", help="Step through one LLM call at a time")
     ] = False,
-    row: Annotated[int | None, typer.Option(help="Row to start at (with -i)")] = None,
+    row: Annotated[
+        int | None, typer.Option(help="Row to start at (with -i; default: the first)")
+    ] = None,
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Results: .jsonl per row, else a report")
+        Path | None,
+        typer.Option(
+            "-o", "--output", help="Results: .jsonl per row, else a report (default: none)"
+        ),
     ] = None,
     log_dir: Annotated[
-        Path | None, typer.Option("--log", help="Write each rollout's trace to DIR/<id>.jsonl")
+        Path | None,
+        typer.Option("--log", help="Write each rollout's trace to DIR/<id>.jsonl (default: none)"),
     ] = None,
     debug: Annotated[bool, typer.Option(help="Same as --log ./test_debug")] = False,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet")] = False,
+    quiet: Annotated[
+        bool, typer.Option("-q", "--quiet", help="Print only the summary, not each row")
+    ] = False,
 ) -> None:
-    """Run an agent on dataset rows in this process against any OpenAI-compatible endpoint."""
+    """Run an agent on dataset rows, in this process.
+
+    Its LLM calls go to any OpenAI-compatible endpoint (--base-url).
+    """
+    import asyncio
+
     from rich.console import Console
 
     from rollout_sdk.localrun.command import TestOptions, load_rows, run_test
@@ -194,18 +237,41 @@ def run_rows(
 @app.command()
 def serve(
     module: ModuleOption,
-    port: Annotated[int, typer.Option("-p", "--port")] = 9000,
-    host: Annotated[str, typer.Option("-H", "--host")] = "0.0.0.0",
-    no_validate: Annotated[bool, typer.Option("--no-validate")] = False,
-    validate_only: Annotated[bool, typer.Option("--validate-only")] = False,
-    reload: Annotated[bool, typer.Option("--reload")] = False,
-    log_level: Annotated[str, typer.Option("--log-level")] = "info",
-    skip_register: Annotated[bool, typer.Option("--skip-register")] = False,
-    local: Annotated[bool, typer.Option("--local", "--local-debug", help="No auth")] = False,
-    api_key: Annotated[str | None, typer.Option("--api-key")] = None,
-    log_dir: Annotated[str | None, typer.Option("--log", help="Write traces here")] = None,
+    port: Annotated[int, typer.Option("-p", "--port", help="Port to listen on")] = 9000,
+    host: Annotated[str, typer.Option("-H", "--host", help="Interface to bind")] = "0.0.0.0",
+    no_validate: Annotated[
+        bool, typer.Option("--no-validate", help="Serve without validating the agent loop")
+    ] = False,
+    validate_only: Annotated[
+        bool, typer.Option("--validate-only", help="Validate the agent loop, then exit")
+    ] = False,
+    reload: Annotated[
+        bool, typer.Option("--reload", help="Upstream's flag, ignored here (warns)")
+    ] = False,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help=f"One of {', '.join(LOG_LEVELS)}")
+    ] = "info",
+    skip_register: Annotated[
+        bool, typer.Option("--skip-register", help="Upstream's flag (nothing registers here)")
+    ] = False,
+    local: Annotated[
+        bool,
+        typer.Option("--local", "--local-debug", help="No server key (no auth), no registration"),
+    ] = False,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", help="Key trainers must send (default: one is generated)"),
+    ] = None,
+    log_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--log", help="Write each rollout's trace under DIR/<start time>/ (default: none)"
+        ),
+    ] = None,
 ) -> None:
     """Serve an agent loop in-process (v1 protocol)."""
+    import logging
+
     from rollout_sdk.server.serve import ServeError, serve_agent_loop, validate_and_report
     from rollout_sdk.validator import AgentLoopValidationError
 
@@ -236,15 +302,18 @@ def serve(
 
 @app.command("mock-trainer")
 def mock_trainer(
-    port: Annotated[int, typer.Option("-p", "--port")] = 9001,
-    host: Annotated[str, typer.Option("-H", "--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("-p", "--port", help="Port to listen on")] = 9001,
+    host: Annotated[str, typer.Option("-H", "--host", help="Interface to bind")] = "127.0.0.1",
     responder: Annotated[
         str, typer.Option(help="keyword (reference behaviour) or calculator")
     ] = "keyword",
     latency: Annotated[float, typer.Option(help="Seconds added to every chat call")] = 0.0,
     record_calls: Annotated[bool, typer.Option(help="Keep every call for /mock/calls")] = True,
 ) -> None:
-    """Run the mock TrainGate (stands in for a trainer's LLM and callback endpoints)."""
+    """Run the mock TrainGate.
+
+    It stands in for a trainer's LLM and callback endpoints.
+    """
     import uvicorn
 
     from rollout_sdk.testing import RESPONDERS, create_mock_trainer_app
