@@ -63,7 +63,15 @@ def _on_a_fleet(agent: Agent, config: EvalConfig, options: RunOptions) -> FleetE
     return FleetExecutor(agent, config, options)
 
 
-app.add_typer(eval_app(_on_a_fleet, "on a fleet: [fleet] gateway_url, or one started"), name="eval")
+app.add_typer(
+    eval_app(
+        _on_a_fleet,
+        "on a fleet: --fleet, an up running here, or one started",
+        "rollout-fleet",
+        on_fleet=True,
+    ),
+    name="eval",
+)
 probe = typer.Typer(help="Health probes for orchestrators: exit 0 if healthy, else 1.")
 app.add_typer(probe, name="probe")
 console = Console()

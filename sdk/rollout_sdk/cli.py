@@ -44,7 +44,7 @@ def _in_process(agent: Agent, config: EvalConfig, options: RunOptions) -> Execut
     return LocalExecutor(agent, options, default_in_flight=config.batch_size or 1)
 
 
-app.add_typer(eval_app(_in_process, "in this process"), name="eval")
+app.add_typer(eval_app(_in_process, "in this process", "rollout-sdk"), name="eval")
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -137,8 +137,13 @@ def run_rows(
     ] = None,
     debug: Annotated[bool, typer.Option(help="Same as --log ./test_debug")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet")] = False,
+    pass_threshold: Annotated[
+        float, typer.Option(help="A completed row passes when its reward is at least this")
+    ] = 1.0,
 ) -> None:
-    """Run an agent on dataset rows in this process against any OpenAI-compatible endpoint."""
+    """Run an agent on dataset rows in this process against any OpenAI-compatible endpoint.
+    A row completed when its rollout ended without an error, and passed when its reward
+    also reached --pass-threshold (the words of eval run)."""
     from rich.console import Console
 
     from rollout_sdk.localrun.command import TestOptions, load_rows, run_test
@@ -161,6 +166,7 @@ def run_rows(
         row=row,
         output=output,
         quiet=quiet,
+        pass_threshold=pass_threshold,
         run=RunOptions(
             max_turns=max_turns,
             completion_params={k: v for k, v in params.items() if v is not None},
