@@ -65,14 +65,20 @@ def _on_a_fleet(agent: Agent, config: EvalConfig, options: RunOptions) -> FleetE
 def _eval_app() -> typer.Typer:
     from rollout_sdk.evaluation.command import eval_app
 
-    return eval_app(_on_a_fleet, "on a fleet: [fleet] gateway_url, or one started")
+    return eval_app(
+        _on_a_fleet,
+        "on a fleet: --fleet, an up running here, or one started",
+        "rollout-fleet",
+        on_fleet=True,
+    )
 
 
 app.add_typer(
     typer.Typer(),
     name="eval",
-    help="Evaluate an agent on a dataset, on a fleet.\n\nThe fleet is the config's [fleet] "
-    "gateway_url, or one started for the run.",
+    help="Evaluate an agent on a dataset, on a fleet.\n\nThe fleet is --fleet (or the "
+    "config's [fleet] gateway_url), a rollout-fleet up running here for the same agent, or "
+    "one started for the run.",
     no_args_is_help=True,
     cls=lazy_group(_eval_app),
 )

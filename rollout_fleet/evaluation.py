@@ -3,23 +3,30 @@
 Each item goes through a gateway exactly as a trainer's rollout would: v1 as
 ``POST /v1/rollout/init`` whose ``server_url`` is this machine's bridge (it takes the LLM calls
 and the completion callback), v2 as ``POST /rollout`` whose ``chat_completions_url`` is the
-bridge, then polled to its result. The fleet is the one ``[fleet] gateway_url`` names, or one
-started for the run as ``rollout-fleet up`` starts one (its own redis-server, no Flower), and
-stopped after it.
+bridge, then polled to its result. The fleet is, in this order: the gateway ``--fleet URL``
+or ``[fleet] gateway_url`` names; a ``rollout-fleet up`` running on this machine for the same
+agent (found through :mod:`rollout_fleet.state`: a warm run starts nothing); else one started
+for the run as ``up`` starts one (its own redis-server, no Flower), and stopped after it
+(killed at once when the run is stopped: what it was doing is thrown away).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
 
+from rollout_fleet import state
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.reaper import Reaper
 from rollout_fleet.redis_server import RedisServer
@@ -28,9 +35,18 @@ from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.core.schemas import InitResponse, RolloutRequest, RolloutResponse
 from rollout_sdk.core.schemas import RolloutStatus as V1Status
 from rollout_sdk.evaluation.config import EvalConfig
-from rollout_sdk.evaluation.run import Job
+from rollout_sdk.evaluation.run import EvalError, Job
 from rollout_sdk.loader import Agent
-from rollout_sdk.localrun.runner import MAX_TOKENS_TOTAL, RowResult, RunOptions, v2_row_result
+from rollout_sdk.localrun.bridge import http_failure
+from rollout_sdk.localrun.runner import (
+    MAX_TOKENS_TOTAL,
+    RowResult,
+    RunOptions,
+    settle,
+    v2_row_result,
+)
+
+T = TypeVar("T")
 
 # Jobs at once per worker slot of a fleet started for the run (its default concurrency).
 DEFAULT_WORKER_SLOTS = 32
@@ -39,6 +55,78 @@ EXTERNAL_FLEET_IN_FLIGHT = 64
 # (timed out, if need be), so this only guards against a fleet that went away.
 CALLBACK_WAIT_SECONDS = 3600.0
 ADMISSION_ERROR = "admission_error"
+NEW_FLEET = "new"  # --fleet new: start a fleet for the run even when an ``up`` runs
+
+
+class FleetStartFailed(EvalError):
+    """The fleet started for the run did not come up; the message says why."""
+
+
+def _agent_key(reference: str, cwd: Path) -> str:
+    """An agent reference as a comparable string: a file's path made absolute from ``cwd``."""
+    target, colon, attribute = reference.partition(":")
+    if target.endswith(".py") or "/" in target:
+        target = str((cwd / target).resolve())
+    return f"{target}{colon}{attribute}"
+
+
+def _children_of(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        if int(parent) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def agent_of(fleet: state.UpFleet) -> str | None:
+    """The agent a running ``up`` serves, as :func:`_agent_key` writes it: read from its
+    processes' ``AGENT`` (Linux; ``None`` where it cannot be read)."""
+    for child in _children_of(fleet.pid) if Path("/proc").is_dir() else []:
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(f"/proc/{child}/cwd"))
+        except OSError:
+            continue
+        for variable in environ:
+            if variable.startswith(b"AGENT="):
+                return _agent_key(variable.removeprefix(b"AGENT=").decode(), cwd)
+    return None
+
+
+def running_up_for(agent: str) -> state.UpFleet | None:
+    """The newest ``rollout-fleet up`` running here for ``agent``, if any."""
+    wanted = _agent_key(agent, Path.cwd())
+    return next((fleet for fleet in state.running() if agent_of(fleet) == wanted), None)
+
+
+async def in_daemon_thread(work: Callable[[], T]) -> T:
+    """``work()`` in a thread of its own that never holds the process up: a run stopped while
+    a fleet starts must not wait for the start to finish (the default executor's threads are
+    waited for at exit)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle_with(outcome: Callable[[], None]) -> None:
+        if not done.cancelled():
+            outcome()
+
+    def body() -> None:
+        try:
+            value = work()
+        except BaseException as exc:  # handed to the awaiting task
+            error = exc
+            loop.call_soon_threadsafe(settle_with, lambda: done.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(settle_with, lambda: done.set_result(value))
+
+    threading.Thread(target=body, name="fleet-start", daemon=True).start()
+    return await done
 
 
 @dataclass
@@ -52,6 +140,7 @@ class FleetExecutor:
     _http: httpx.AsyncClient | None = field(default=None, init=False)
     _client: RolloutClient | None = field(default=None, init=False)
     _url: str = field(default="", init=False)
+    _where: str = field(default="", init=False)
 
     @property
     def bridge_host(self) -> str:
@@ -59,18 +148,37 @@ class FleetExecutor:
 
     @property
     def default_in_flight(self) -> int:
-        target = self.config.fleet
-        if target.gateway_url is not None:
+        if self.fleet is None:
             return EXTERNAL_FLEET_IN_FLIGHT
+        target = self.config.fleet
         return target.workers * (target.concurrency or DEFAULT_WORKER_SLOTS)
+
+    @property
+    def where(self) -> str:
+        return self._where
 
     async def __aenter__(self) -> Self:
         target = self.config.fleet
         key = os.environ.get(target.api_key_env) if target.api_key_env else None
-        if target.gateway_url is not None:
-            self._url = target.gateway_url.rstrip("/")
-        else:
-            self._url = await asyncio.to_thread(self._start_fleet)
+        reused = None
+        if target.gateway_url not in (None, NEW_FLEET):
+            self._url = str(target.gateway_url).rstrip("/")
+            self._where = f"on the fleet at {self._url}"
+        elif target.gateway_url is None:
+            reused = await asyncio.to_thread(running_up_for, self.config.agent)
+        if reused is not None:
+            self._url = reused.gateway_url.rstrip("/")
+            self._where = f"on the fleet of rollout-fleet up (pid {reused.pid}) at {self._url}"
+        elif not self._url:
+            try:
+                self._url = await in_daemon_thread(self._start_fleet)
+            except asyncio.CancelledError:
+                await asyncio.to_thread(self._kill_fleet)
+                raise
+            except (TimeoutError, RuntimeError, OSError) as exc:
+                await asyncio.to_thread(self._kill_fleet)
+                raise FleetStartFailed(f"the fleet did not start: {exc}") from None
+            self._where = f"on a fleet started for the run at {self._url}"
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(60.0))
         self._client = RolloutClient(url=self._url, http_client=self._http, api_key=key)
@@ -90,11 +198,7 @@ class FleetExecutor:
             concurrency=target.concurrency,
             process_group=group,
         )
-        try:
-            self.fleet.start()
-        except BaseException:
-            self._stop_fleet()
-            raise
+        self.fleet.start()
         return self.fleet.gateway_url
 
     def _stop_fleet(self) -> None:
@@ -102,25 +206,39 @@ class FleetExecutor:
             self.fleet.stop()
         if self._redis_server is not None:
             self._redis_server.stop()
-        if self._reaper is not None:
-            self._reaper.close()
+        self._kill_fleet()
 
-    async def __aexit__(self, *_: object) -> None:
+    def _kill_fleet(self) -> None:
+        """Every process of the fleet started for the run SIGKILLed at once: its process
+        group, reaper included (after :meth:`_stop_fleet`'s clean stop, only the reaper)."""
+        if self._reaper is not None:
+            with contextlib.suppress(ProcessLookupError):  # the reaper leads the group
+                os.killpg(self._reaper.group, signal.SIGKILL)
+            self._reaper.close()
+            self._reaper = None
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if self._http is not None:
             await self._http.aclose()
-        await asyncio.to_thread(self._stop_fleet)
+        # Stopped or failed, the run throws the fleet's work away: no clean stop to wait for.
+        await asyncio.to_thread(self._stop_fleet if kind is None else self._kill_fleet)
 
     async def run(self, job: Job) -> RowResult:
         started = time.monotonic()
-        if isinstance(self.agent, RolloutAgentLoop):
-            result = await self._run_v1(job)
-        else:
-            result = await self._run_v2(job)
-        result.duration_ms = round((time.monotonic() - started) * 1000, 1)
-        usage = job.bridge.usage_of(job.rollout_id)
-        result.llm_calls = usage.calls
-        result.token_usage = usage.token_usage()
-        return result
+        try:
+            if isinstance(self.agent, RolloutAgentLoop):
+                result = await self._run_v1(job)
+            else:
+                result = await self._run_v2(job)
+        except httpx.HTTPError as exc:  # the gateway went away: this item fails, not the run
+            result = self._result(
+                job,
+                success=False,
+                status="ERROR",
+                error=f"the gateway {self._url} is unreachable: {http_failure(exc)}",
+                error_category=ADMISSION_ERROR,
+            )
+        return settle(result, job.bridge.usage_of(job.rollout_id), started)
 
     def _result(self, job: Job, **fields: Any) -> RowResult:
         return RowResult(row_index=job.row.index, rollout_id=job.rollout_id, **fields)
@@ -189,7 +307,10 @@ class FleetExecutor:
             return self._result(
                 job, success=False, status="ERROR", error=str(exc), error_category=ADMISSION_ERROR
             )
-        return v2_row_result(job.row.index, job.rollout_id, await handle)
+        try:
+            return v2_row_result(job.row.index, job.rollout_id, await handle)
+        finally:
+            handle.cancel()  # polls in a task of its own: it must not outlive this job
 
     def _refused(self, job: Job, answer: httpx.Response) -> RowResult:
         return self._result(
@@ -201,4 +322,4 @@ class FleetExecutor:
         )
 
 
-__all__ = ["FleetExecutor"]
+__all__ = ["NEW_FLEET", "FleetExecutor", "FleetStartFailed", "agent_of", "running_up_for"]

@@ -47,7 +47,7 @@ def _in_process(agent: Agent, config: EvalConfig, options: RunOptions) -> Execut
 def _eval_app() -> typer.Typer:
     from rollout_sdk.evaluation.command import eval_app
 
-    return eval_app(_in_process, "in this process")
+    return eval_app(_in_process, "in this process", "rollout-sdk")
 
 
 app.add_typer(
@@ -186,10 +186,15 @@ def run_rows(
     quiet: Annotated[
         bool, typer.Option("-q", "--quiet", help="Print only the summary, not each row")
     ] = False,
+    pass_threshold: Annotated[
+        float, typer.Option(help="A completed row passes when its reward is at least this")
+    ] = 1.0,
 ) -> None:
     """Run an agent on dataset rows, in this process.
 
-    Its LLM calls go to any OpenAI-compatible endpoint (--base-url).
+    Its LLM calls go to any OpenAI-compatible endpoint (--base-url). A row completed when its
+    rollout ended without an error, and passed when its reward also reached --pass-threshold
+    (the words of eval run).
     """
     import asyncio
 
@@ -215,6 +220,7 @@ def run_rows(
         row=row,
         output=output,
         quiet=quiet,
+        pass_threshold=pass_threshold,
         run=RunOptions(
             max_turns=max_turns,
             completion_params={k: v for k, v in params.items() if v is not None},

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,11 @@ def calculator_rows(path: Path, count: int) -> Path:
     return path
 
 
+# A state directory of this module's own: no ``rollout-fleet up`` another test (or session)
+# runs is taken for a warm fleet.
+NO_UP_HERE = {"XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="eval-state-")}
+
+
 def model_url(mock: MockTrainGateClient) -> str:
     return f"{mock.url}/v1/rollouts/eval-model"
 
@@ -65,7 +71,7 @@ def run_eval(cli: str, *args: str, timeout: float = 600) -> subprocess.Completed
         timeout=timeout,
         check=False,
         cwd=REPO,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200", **NO_UP_HERE},
     )
     assert run.returncode == 0, run.stdout + run.stderr
     return run
@@ -231,6 +237,7 @@ def test_a_run_stopped_half_way_resumes_only_the_rest_with_the_same_figures(
     first = subprocess.Popen(
         eval_command("fleet", *fleet_args(mock_trainer, fleet_rows, runs, "halves")),
         cwd=REPO,
+        env={**os.environ, **NO_UP_HERE},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -247,14 +254,14 @@ def test_a_run_stopped_half_way_resumes_only_the_rest_with_the_same_figures(
         if first.poll() is None:
             first.kill()
     assert first.returncode == 130, output
-    assert "run again with --name halves" in output
-    kept = len(results_of(runs / "halves"))
+    assert "; resume with: rollout-fleet eval run " in output
+    kept = sum(r["status"] == "success" for r in results_of(runs / "halves"))
     assert 300 <= kept < 1000
     assert metrics_of(runs / "halves")["complete"] is False
     second = run_eval("fleet", *fleet_args(mock_trainer, fleet_rows, runs, "halves"))
     assert f"1000 work items, {1000 - kept} to run" in second.stdout
-    finished = results_of(runs / "halves")
-    assert len(finished) == 1000  # nothing ran twice
+    finished = [r for r in results_of(runs / "halves") if r["status"] != "unfinished"]
+    assert len(finished) == 1000  # nothing ran twice (the items cut off ran once, later)
     assert without_timings(metrics_of(runs / "halves")) == without_timings(
         metrics_of(uninterrupted)
     )
@@ -294,27 +301,35 @@ def test_a_strands_workflow_from_upstreams_eval_toml(
 
 
 def test_retry_failed_reruns_only_the_failures_fresh_reruns_all_and_a_changed_plan_is_refused(
-    mock_trainer: MockTrainGateClient, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    """A first run against an endpoint that is down fails every item; ``--retry-failed``
-    against the right one runs those again (the latest result counts), a plain rerun runs
-    nothing, ``--fresh`` everything, and the same name with another plan is refused."""
-    rows = calculator_rows(tmp_path / "rows.jsonl", 2)
-    common = ["-m", CALCULATOR, "-d", str(rows), "--model", "m", "-o", str(tmp_path), "-q"]
-    down = run_eval("sdk", *common, "--name", "again", "--base-url", "http://127.0.0.1:9/v1")
-    assert "2 work items, 2 to run" in down.stdout
-    assert metrics_of(tmp_path / "again")["models"]["policy"]["failed"] == 2
-    up = ["--base-url", model_url(mock_trainer)]
-    assert "2 to run" in run_eval("sdk", *common, "--name", "again", *up, "--retry-failed").stdout
-    policy = metrics_of(tmp_path / "again")["models"]["policy"]
-    assert (policy["finished"], policy["failed"], policy["mean_reward"]) == (
-        2,
-        0,
-        0.5,
-    )  # row 1: wrong
-    assert "0 to run" in run_eval("sdk", *common, "--name", "again", *up).stdout
-    assert "2 to run" in run_eval("sdk", *common, "--name", "again", *up, "--fresh").stdout
-    assert len(results_of(tmp_path / "again")) == 2
+    """A first run against an endpoint that answers 500 fails every item (exit 1);
+    ``--retry-failed`` once it answers runs those again (the latest result counts), a plain
+    rerun runs nothing, ``--fresh`` everything, and the same name with another plan is
+    refused."""
+    process, mock = start_mock_trainer("calculator", tmp_path / "mock")
+    try:
+        rows = calculator_rows(tmp_path / "rows.jsonl", 2)
+        common = ["-m", CALCULATOR, "-d", str(rows), "--model", "m", "-o", str(tmp_path), "-q"]
+        up = ["--base-url", model_url(mock)]
+        mock.add_faults({"target": "chat", "status": 500, "times": None})
+        down = subprocess.run(
+            eval_command("sdk", *common, "--name", "again", *up),
+            capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
+        )  # fmt: skip
+        assert down.returncode == 1, down.stdout + down.stderr
+        assert "2 work items, 2 to run" in down.stdout
+        assert metrics_of(tmp_path / "again")["models"]["policy"]["failed"] == 2
+        mock.http.post(f"{mock.url}/mock/reset").raise_for_status()
+        retried = run_eval("sdk", *common, "--name", "again", *up, "--retry-failed")
+        assert "2 to run" in retried.stdout
+        policy = metrics_of(tmp_path / "again")["models"]["policy"]
+        assert (policy["finished"], policy["failed"], policy["mean_reward"]) == (2, 0, 0.5)
+        assert "0 to run" in run_eval("sdk", *common, "--name", "again", *up).stdout
+        assert "2 to run" in run_eval("sdk", *common, "--name", "again", *up, "--fresh").stdout
+        assert len(results_of(tmp_path / "again")) == 2
+    finally:
+        process.stop()
     refused = subprocess.run(
         eval_command("sdk", *common, "--name", "again", *up, "--n", "2"),
         capture_output=True,
@@ -338,6 +353,7 @@ def test_a_sigkilled_run_leaves_no_process_of_the_fleet_it_started(
     run = subprocess.Popen(
         eval_command("fleet", *fleet_args(mock_trainer, fleet_rows, runs, "killed")),
         cwd=REPO,
+        env={**os.environ, **NO_UP_HERE},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Callable
+import shlex
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -88,8 +90,25 @@ def build_config(config_file: Path | None, flags: dict[str, Any]) -> EvalConfig:
     return dataclasses.replace(config, **{k: v for k, v in changes.items() if v is not None})
 
 
-def eval_app(make_executor: ExecutorFactory, where: str) -> typer.Typer:
-    """The ``eval`` command group, running work items ``where`` says."""
+def again(program: str, argv: Sequence[str], name: str) -> str:
+    """The command line that runs the same run again: ``argv``'s arguments after ``eval run``,
+    without ``--fresh`` (it would start over) and with the run's ``--name``."""
+    rest = list(argv)
+    for index in range(len(rest) - 1):
+        if rest[index : index + 2] == ["eval", "run"]:
+            rest = rest[index + 2 :]
+            break
+    rest = [arg for arg in rest if arg != "--fresh"]
+    if not any(arg == "--name" or arg.startswith("--name=") for arg in rest):
+        rest += ["--name", name]
+    return shlex.join([program, "eval", "run", *rest])
+
+
+def eval_app(
+    make_executor: ExecutorFactory, where: str, program: str, *, on_fleet: bool = False
+) -> typer.Typer:
+    """The ``eval`` command group of ``program``, running work items ``where`` says;
+    ``on_fleet``: it takes ``--fleet`` (a running fleet to use)."""
     app = typer.Typer(help=f"Evaluate an agent on a dataset ({where}).", no_args_is_help=True)
 
     @app.command("run")
@@ -129,11 +148,21 @@ def eval_app(make_executor: ExecutorFactory, where: str) -> typer.Typer:
         temperature: Annotated[float | None, typer.Option()] = None,
         max_tokens: Annotated[int | None, typer.Option()] = None,
         quiet: Annotated[bool, typer.Option("-q", "--quiet")] = False,
+        fleet: Annotated[
+            str | None,
+            typer.Option(
+                "--fleet",
+                metavar="URL|new",
+                help="rollout-fleet only: a running fleet's gateway URL (default: the "
+                "rollout-fleet up running here for this agent, else one started for the run); "
+                "'new': start one for the run",
+            ),
+        ] = None,
     ) -> None:
         """Run every selected row n times, score, and write results, metrics.json and
         report.html under the run's directory."""
         from rollout_sdk.evaluation.results import RunMismatch
-        from rollout_sdk.evaluation.run import EvalError, EvalOptions, run_eval
+        from rollout_sdk.evaluation.run import EvalError, EvalOptions, default_name, run_eval
         from rollout_sdk.evaluation.scoring import EvalFnError, load_eval_fns
         from rollout_sdk.loader import AgentLoadError, load_agent
         from rollout_sdk.localrun.dataset import DatasetError
@@ -154,8 +183,13 @@ def eval_app(make_executor: ExecutorFactory, where: str) -> typer.Typer:
             "baseline_base_url": baseline_base_url,
             "baseline_api_key_env": baseline_api_key_env,
         }
+        if fleet is not None and not on_fleet:
+            raise _fail(f"--fleet is rollout-fleet eval run's: {program} runs items in itself")
         try:
             config = build_config(config_file, flags)
+            if fleet is not None:
+                target = dataclasses.replace(config.fleet, gateway_url=fleet)
+                config = dataclasses.replace(config, fleet=target)
             require_secrets(config)  # before the agent: it may need them to import
             os.environ.update(config.env)  # the agent's: in this process and a fleet it starts
             fns = load_eval_fns(eval_fn or [])
@@ -172,8 +206,9 @@ def eval_app(make_executor: ExecutorFactory, where: str) -> typer.Typer:
             agent_timeout_s=config.agent_timeout_s,
             grader_timeout_s=config.grader_timeout_s,
         )
+        run_name = name or default_name(config)
         options = EvalOptions(
-            name=name,
+            name=run_name,
             output=output,
             rows=rows,
             max_in_flight=max_in_flight or config.batch_size,
@@ -181,6 +216,7 @@ def eval_app(make_executor: ExecutorFactory, where: str) -> typer.Typer:
             retry_failed=retry_failed,
             quiet=quiet,
             eval_fns=fns,
+            again=again(program, sys.argv[1:], run_name),
         )
         executor = make_executor(agent, config, agent_options)
         try:
@@ -189,8 +225,12 @@ def eval_app(make_executor: ExecutorFactory, where: str) -> typer.Typer:
             raise _fail(str(exc)) from None
         if outcome.interrupted:
             raise typer.Exit(130)
+        if outcome.stopped_early is not None:
+            raise _fail(f"stopped early: {outcome.stopped_early}")
+        if outcome.every_item_failed:
+            raise _fail("every work item failed (the failures are listed above)")
 
     return app
 
 
-__all__ = ["ExecutorFactory", "build_config", "eval_app"]
+__all__ = ["ExecutorFactory", "again", "build_config", "eval_app"]

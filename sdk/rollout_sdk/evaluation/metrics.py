@@ -1,5 +1,8 @@
 """An evaluation's figures, per model: reward, pass rates, pass@k, failures, latency, tokens.
 
+* ``succeeded`` (completed), ``failed`` (did not complete) and ``wrong`` (completed with a
+  reward below the threshold); an item a stopped run cut off is no outcome and counts nowhere.
+* ``failures_by_category`` and, per category, ``first_errors``: the first failure's message.
 * ``mean_reward``: over every finished item; an item without a reward (a failed rollout)
   counts as 0, since it earned nothing.
 * ``pass_rate``: the share of finished items whose reward reached the pass threshold.
@@ -45,12 +48,14 @@ class ModelMetrics(BaseModel):
     finished: int
     succeeded: int
     failed: int
+    wrong: int = 0  # completed, reward below the threshold
     mean_reward: float | None
     pass_rate: float | None
     pass_at_1: float | None
     pass_at_n: float | None
     pass_at_k: dict[int, float] = Field(default_factory=dict)
     failures_by_category: dict[str, int] = Field(default_factory=dict)
+    first_errors: dict[str, str] = Field(default_factory=dict)  # category → its first error
     latency_ms: Latency = Field(default_factory=Latency)
     tokens: TokenTotals = Field(default_factory=TokenTotals)
     eval_fns: dict[str, FunctionScores] = Field(default_factory=dict)
@@ -114,19 +119,23 @@ def model_metrics(
     )
     tokens.mean_per_item = round(tokens.total / len(results), 3) if results else 0.0
     functions = sorted({name for result in results for name in result.scores})
+    failures = [r for r in results if r.status == "failure"]
+    first_errors: dict[str, str] = {}
+    for failure in failures:
+        first_errors.setdefault(failure.error_category or "unknown", failure.error or "no message")
     return ModelMetrics(
         items=planned,
         finished=len(results),
         succeeded=sum(r.status == "success" for r in results),
-        failed=sum(r.status == "failure" for r in results),
+        failed=len(failures),
+        wrong=sum(r.status == "success" and not r.passed for r in results),
         mean_reward=_rounded(_mean([r.reward or 0.0 for r in results])),
         pass_rate=_rounded(_mean([float(r.passed) for r in results])),
         pass_at_1=_rounded(curve.get(1)),
         pass_at_n=_rounded(curve.get(n)),
         pass_at_k={k: round(v, 6) for k, v in curve.items()},
-        failures_by_category=dict(
-            Counter(r.error_category or "unknown" for r in results if r.status == "failure")
-        ),
+        failures_by_category=dict(Counter(r.error_category or "unknown" for r in failures)),
+        first_errors=first_errors,
         latency_ms=Latency(
             mean=round(_mean(latencies) or 0.0, 1),
             p50=round(percentile(latencies, 0.5), 1),

@@ -2,9 +2,11 @@
 
 A run directory holds ``run.json`` (what was planned: agent, dataset, rows, n, models),
 ``results.jsonl`` (one line per finished work item, appended as each finishes) and, once the
-run is summarised, ``metrics.json`` and ``report.html``. A run started again under the same
-name runs only the items without a line (``--retry-failed``: also the failed ones; ``--fresh``:
-all of them again). A line cut short by a kill is ignored: that item simply runs again.
+run is summarised, ``metrics.json`` and ``report.html``. An item a stopped run cut off gets an
+``unfinished`` line: it is no outcome (no figure counts it), only a note that it was under
+way. A run started again under the same name runs the items without an outcome
+(``--retry-failed``: also the failed ones; ``--fresh``: all of them again). A line cut short
+by a kill is ignored: that item simply runs again.
 """
 
 from __future__ import annotations
@@ -20,8 +22,20 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 Model = Literal["policy", "baseline"]
+Status = Literal["success", "failure", "unfinished"]
 RUN_FILE, RESULTS_FILE = "run.json", "results.jsonl"
 METRICS_FILE, REPORT_FILE = "metrics.json", "report.html"
+
+
+EXCERPT_CHARS = 200  # of a prompt, label or answer kept with a result
+
+
+def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str | None:
+    """``text`` on one line, cut to ``limit`` characters (``None`` stays ``None``)."""
+    if text is None:
+        return None
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 @dataclass(frozen=True, order=True)
@@ -50,7 +64,7 @@ class ItemResult(BaseModel):
     row: int
     sample: int
     rollout_id: str
-    status: Literal["success", "failure"]
+    status: Status  # unfinished: cut off by a stop, runs again when the run is resumed
     reward: float | None = None  # the grader's (v2), the eval function's or the agent's (v1)
     passed: bool = False  # reward at or above the pass threshold
     scores: dict[str, float] = Field(default_factory=dict)  # per v1 eval function
@@ -59,6 +73,10 @@ class ItemResult(BaseModel):
     latency_ms: float = 0.0
     llm_calls: int = 0
     tokens: Tokens = Field(default_factory=Tokens)
+    # Excerpts, so the report can show what was asked, expected and answered.
+    prompt: str | None = None
+    label: str | None = None
+    answer: str | None = None
 
     @property
     def item(self) -> WorkItem:
@@ -132,17 +150,42 @@ class RunDirectory:
         return _read_results(self.results_path)
 
     def pending(self, plan: RunPlan, *, retry_failed: bool = False) -> list[WorkItem]:
+        """The items to run: without an outcome (none yet, or cut off), and the failed ones
+        when ``retry_failed``."""
+        rerun = {"unfinished", "failure"} if retry_failed else {"unfinished"}
         done = self.finished()
         return [
-            item
-            for item in plan.items()
-            if item.key not in done or (retry_failed and done[item.key].status == "failure")
+            item for item in plan.items() if item.key not in done or done[item.key].status in rerun
         ]
 
     def results(self, plan: RunPlan) -> list[ItemResult]:
-        """The latest result of every planned item that has one, in plan order."""
+        """The latest outcome of every planned item that has one, in plan order (an item cut
+        off has none)."""
         done = self.finished()
-        return [done[item.key] for item in plan.items() if item.key in done]
+        return [
+            done[item.key]
+            for item in plan.items()
+            if item.key in done and done[item.key].status != "unfinished"
+        ]
+
+    def mark_unfinished(self, cut_off: Iterable[tuple[WorkItem, str]]) -> int:
+        """An ``unfinished`` line per (item, rollout id) a stop cut off. Written at once, not
+        in a thread: the run is stopping and its loop may not turn again."""
+        lines = [
+            ItemResult(
+                model=item.model,
+                row=item.row,
+                sample=item.sample,
+                rollout_id=rollout_id,
+                status="unfinished",
+            ).model_dump_json()
+            + "\n"
+            for item, rollout_id in cut_off
+        ]
+        if lines:
+            with self.results_path.open("a", encoding="utf-8") as results:
+                results.write("".join(lines))
+        return len(lines)
 
     async def append(self, result: ItemResult) -> None:
         line = result.model_dump_json() + "\n"
@@ -164,6 +207,24 @@ class RunDirectory:
         return path
 
 
+Verdict = Literal["wrong", "failed", "passed"]
+VERDICT_ORDER: dict[Verdict, int] = {"wrong": 0, "failed": 1, "passed": 2}
+
+
+def verdict(result: ItemResult) -> Verdict:
+    """``passed``: reward at or above the threshold; ``wrong``: completed, reward below it;
+    ``failed``: did not complete (no reward to judge)."""
+    if result.passed:
+        return "passed"
+    return "failed" if result.status == "failure" else "wrong"
+
+
+def worst_first(results: Iterable[ItemResult]) -> list[ItemResult]:
+    """Wrong answers first (a completed rollout that missed is what a person looks for),
+    then failures, then passes; each by row and sample."""
+    return sorted(results, key=lambda r: (VERDICT_ORDER[verdict(r)], r.model, r.row, r.sample))
+
+
 def by_model(results: Iterable[ItemResult]) -> dict[str, list[ItemResult]]:
     grouped: dict[str, list[ItemResult]] = {}
     for result in results:
@@ -179,7 +240,12 @@ __all__ = [
     "RunDirectory",
     "RunMismatch",
     "RunPlan",
+    "Status",
     "Tokens",
+    "Verdict",
     "WorkItem",
     "by_model",
+    "excerpt",
+    "verdict",
+    "worst_first",
 ]

@@ -1,8 +1,10 @@
 """An evaluation run: plan the work items, run the pending ones through an executor, keep
 each result as it comes, then write ``metrics.json`` and ``report.html`` and print a summary.
 
-Interrupted (Ctrl-C), a run keeps what finished and says how to resume it: the same command
-with the same ``--name`` runs only the rest.
+Stopped (Ctrl-C, SIGTERM), a run keeps what finished, notes the items it cut off as
+``unfinished`` (no outcome: they run again, and no figure counts them), and prints one line
+with the command that resumes it: the same command with the same ``--name`` runs only the
+rest. Before it starts anything, it probes each model endpoint (:mod:`.probe`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from typing import Any, Protocol, Self
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.evaluation.config import EvalConfig, ModelEndpoint
 from rollout_sdk.evaluation.metrics import EvalMetrics, model_metrics
+from rollout_sdk.evaluation.probe import EndpointDown, probe_endpoints
 from rollout_sdk.evaluation.report import render
 from rollout_sdk.evaluation.results import (
     METRICS_FILE,
@@ -36,13 +38,16 @@ from rollout_sdk.evaluation.results import (
     Tokens,
     WorkItem,
     by_model,
+    excerpt,
 )
-from rollout_sdk.evaluation.scoring import EvalFn, EvalFnError
+from rollout_sdk.evaluation.scoring import EvalFn, EvalFnError, last_assistant_text
+from rollout_sdk.evaluation.summary import failure_lines, figures_table, rows_table
 from rollout_sdk.loader import Agent
 from rollout_sdk.localrun.bridge import LLMBridge
 from rollout_sdk.localrun.dataset import DatasetError, DatasetRow, read_rows, v1_row, v2_row
 from rollout_sdk.localrun.runner import RowResult
 
+RETRY_FAILED = "--retry-failed"
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -70,6 +75,11 @@ class Executor(Protocol):
         """Jobs at once unless the run says."""
         ...
 
+    @property
+    def where(self) -> str:
+        """Where the jobs run, as the run says it: "in this process", "on the fleet at URL"."""
+        ...
+
     async def __aenter__(self) -> Self: ...
 
     async def __aexit__(
@@ -89,6 +99,7 @@ class EvalOptions:
     retry_failed: bool = False
     quiet: bool = False
     eval_fns: Sequence[EvalFn] = field(default_factory=tuple)
+    again: str = "the same command"  # the command line that runs this run again
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,13 @@ class EvalOutcome:
     directory: Path
     metrics: EvalMetrics
     interrupted: bool
+    stopped_early: str | None = None  # why items were left unstarted (the endpoint failed)
+
+    @property
+    def every_item_failed(self) -> bool:
+        figures = self.metrics.models.values()
+        finished = sum(m.finished for m in figures)
+        return finished > 0 and sum(m.failed for m in figures) == finished
 
 
 class EvalError(Exception):
@@ -182,6 +200,9 @@ async def _scored(
             completion=outcome.token_usage.get("completion_tokens", 0),
             total=outcome.token_usage.get("total_tokens", 0),
         ),
+        prompt=excerpt(job.row.user_prompt),
+        label=excerpt(job.row.ground_truth),
+        answer=excerpt(last_assistant_text(outcome.messages)) or None,
     )
 
 
@@ -194,6 +215,11 @@ class _Bridges:
             for name, endpoint in endpoints.items()
         }
 
+    @property
+    def fatal(self) -> str | None:
+        """Why the endpoint of a model can serve no more calls (unreachable, key, quota)."""
+        return next((b.fatal for b in self.by_model.values() if b.fatal is not None), None)
+
     async def __aenter__(self) -> _Bridges:
         return self
 
@@ -201,9 +227,51 @@ class _Bridges:
         for bridge in self.by_model.values():
             await bridge.start(host)
 
-    async def __aexit__(self, *_: object) -> None:
-        for bridge in self.by_model.values():
-            await bridge.stop()
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        for bridge in self.by_model.values():  # stopping: calls under way are dropped
+            await bridge.stop(force=kind is not None)
+
+
+class Stop:
+    """SIGINT and SIGTERM end a run the same way: the run's task is cancelled once (a second
+    cancel would cut the clean-up short; later signals are ignored), what finished is kept,
+    the items under way are noted unfinished. Set on the loop for SIGINT too: a process
+    started in the background by a script inherits SIGINT ignored."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def install(self) -> None:
+        loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, self._received, signum)
+
+    def _received(self, signum: int) -> None:
+        if self.signal is None and self._task is not None:
+            self.signal = signal.Signals(signum).name
+            self._task.cancel()
+
+    def settle(self) -> None:
+        """The stop is handled: the run's task goes on (to write its files) uncancelled."""
+        if self._task is not None:
+            self._task.uncancel()
+
+
+# How long jobs cut off by a stop get to end before the run stops waiting for them.
+STOP_WAIT_SECONDS = 1.0
+
+
+@dataclass
+class _Tally:
+    passed: int = 0
+    failed: int = 0
+    in_flight: dict[str, Job] = field(default_factory=dict)
 
 
 async def _dispatch(
@@ -213,7 +281,11 @@ async def _dispatch(
     options: EvalOptions,
     threshold: float,
     console: Console,
+    bridges: _Bridges,
 ) -> None:
+    """Every job, at most the in-flight limit at once. Once a model endpoint fails for good
+    no more jobs start (they stay pending). Cancelled (a stop), the jobs under way are
+    cancelled, given :data:`STOP_WAIT_SECONDS`, and noted unfinished."""
     slots = asyncio.Semaphore(options.max_in_flight or executor.default_in_flight)
     columns: list[Any] = [
         TextColumn("[progress.description]{task.description}"),
@@ -222,24 +294,35 @@ async def _dispatch(
         TextColumn("passed {task.fields[passed]} · failed {task.fields[failed]}"),
         TimeElapsedColumn(),
     ]
+    tally = _Tally()
     with Progress(*columns, console=console, disable=options.quiet) as progress:
         bar = progress.add_task("rollouts", total=len(jobs), passed=0, failed=0)
-        passed = failed = 0
 
         async def one(job: Job) -> None:
             async with slots:
+                if bridges.fatal is not None:
+                    return
+                tally.in_flight[job.rollout_id] = job
                 outcome = await executor.run(job)
             job.bridge.forget(job.rollout_id)
             result = await _scored(job, outcome, options, threshold)
+            del tally.in_flight[job.rollout_id]
             await run.append(result)
-            nonlocal passed, failed
-            passed += result.passed
-            failed += result.status == "failure"
-            progress.update(bar, advance=1, passed=passed, failed=failed)
+            tally.passed += result.passed
+            tally.failed += result.status == "failure"
+            progress.update(bar, advance=1, passed=tally.passed, failed=tally.failed)
 
-        async with asyncio.TaskGroup() as group:
-            for job in jobs:
-                group.create_task(one(job))
+        tasks = [asyncio.create_task(one(job)) for job in jobs]
+        try:
+            for finished in asyncio.as_completed(tasks):
+                await finished  # the first error (a bug, not an item's failure) ends the run
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            # A job that swallows its cancel (an agent's own except clause) is not waited for.
+            await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
+            run.mark_unfinished((job.item, job.rollout_id) for job in tally.in_flight.values())
+            raise
 
 
 def _jobs(pending: Sequence[WorkItem], rows: dict[int, DatasetRow], bridges: _Bridges) -> list[Job]:
@@ -253,27 +336,6 @@ def _jobs(pending: Sequence[WorkItem], rows: dict[int, DatasetRow], bridges: _Br
         )
         for item in pending
     ]
-
-
-def _stop_on_signals() -> None:
-    """SIGTERM (a supervisor's stop) ends the run as Ctrl-C does: what finished is kept. So
-    does SIGINT when this process inherited it ignored (started in the background by a
-    script), where asyncio would not catch it."""
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    if task is None:
-        return
-    signals = [signal.SIGTERM]
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signals.append(signal.SIGINT)
-
-    def stop() -> None:  # once: a second cancel would cut the clean-up short
-        for signum in signals:
-            loop.remove_signal_handler(signum)
-        task.cancel()
-
-    for signum in signals:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signum, stop)
 
 
 def summarise(run: RunDirectory, plan: RunPlan, title: str) -> EvalMetrics:
@@ -295,28 +357,26 @@ def summarise(run: RunDirectory, plan: RunPlan, title: str) -> EvalMetrics:
     return metrics
 
 
-def summary_table(metrics: EvalMetrics, plan: RunPlan) -> Table:
-    table = Table(title=f"n = {plan.n}, pass threshold {plan.pass_threshold:g}")
-    columns = ["model", "finished", "mean reward", "pass rate", "pass@1", f"pass@{plan.n}"]
-    for column in [*columns, "failed", "p50 / p99 ms", "tokens"]:
-        table.add_column(column)
-    for name, figures in metrics.models.items():
-
-        def share(value: float | None) -> str:
-            return "–" if value is None else f"{value:.1%}"
-
-        table.add_row(
-            f"{name} ({plan.models[name]})",
-            f"{figures.finished}/{figures.items}",
-            "–" if figures.mean_reward is None else f"{figures.mean_reward:.3f}",
-            share(figures.pass_rate),
-            share(figures.pass_at_1),
-            share(figures.pass_at_n),
-            str(figures.failed),
-            f"{figures.latency_ms.p50:.0f} / {figures.latency_ms.p99:.0f}",
-            str(figures.tokens.total),
+def _print_summary(
+    console: Console, run: RunDirectory, plan: RunPlan, metrics: EvalMetrics, again: str
+) -> None:
+    console.print(figures_table(metrics, plan))
+    for line in failure_lines(metrics):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    table = rows_table(run.results(plan))
+    if table is not None:
+        console.print(table)
+    console.print(f"results: {run.path} (metrics.json, report.html)", soft_wrap=True)
+    failed = sum(figures.failed for figures in metrics.models.values())
+    if not metrics.complete:
+        console.print(f"[yellow]unfinished; finish it with:[/] {again}", soft_wrap=True)
+    if failed:
+        retry = again if RETRY_FAILED in again.split() else f"{again} {RETRY_FAILED}"
+        console.print(
+            f"{failed} failed; run them again with: {retry}",
+            markup=False,
+            soft_wrap=True,
         )
-    return table
 
 
 async def run_eval(
@@ -326,6 +386,8 @@ async def run_eval(
     executor: Executor,
     console: Console,
 ) -> EvalOutcome:
+    """Plan, probe the endpoints, run what is pending, summarise. :class:`EvalError` (with
+    its one line) when the run cannot start."""
     name = options.name or default_name(config)
     if not RUN_NAME.match(name):
         raise EvalError(f"run name {name!r}: use letters, digits, '.', '_' and '-' (64 at most)")
@@ -337,27 +399,49 @@ async def run_eval(
     if config.baseline is not None:
         endpoints["baseline"] = config.baseline
     console.print(
-        f"run {name!r}: {len(plan.items())} work items, {len(pending)} to run → {run.path}"
+        f"run {name!r}: {len(plan.items())} work items, {len(pending)} to run → {run.path}",
+        soft_wrap=True,
     )
-    interrupted = False
-    _stop_on_signals()
-    if pending:
-        async with executor, _Bridges(endpoints) as bridges:
-            await bridges.start(executor.bridge_host)
-            jobs = _jobs(pending, rows, bridges)
-            try:
-                await _dispatch(jobs, executor, run, options, config.pass_threshold, console)
-            except asyncio.CancelledError:  # Ctrl-C: keep what finished, say how to resume
-                interrupted = True
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
+    stop = Stop()
+    stop.install()
+    fatal: str | None = None
+    try:
+        if pending:
+            await probe_endpoints(endpoints)
+            # Left in this order: a stopped fleet makes no more calls to the bridges.
+            async with _Bridges(endpoints) as bridges, executor:
+                console.print(f"running {executor.where}", soft_wrap=True, highlight=False)
+                await bridges.start(executor.bridge_host)
+                jobs = _jobs(pending, rows, bridges)
+                await _dispatch(
+                    jobs, executor, run, options, config.pass_threshold, console, bridges
+                )
+                fatal = bridges.fatal
+    except EndpointDown as exc:
+        raise EvalError(str(exc)) from None
+    except asyncio.CancelledError:
+        if not stop.requested:
+            raise
+        stop.settle()
+        metrics = summarise(run, plan, f"Evaluation {name}")
+        console.print(_stopped_line(stop, run, plan, metrics, options.again), soft_wrap=True)
+        return EvalOutcome(run.path, metrics, interrupted=True)
     metrics = summarise(run, plan, f"Evaluation {name}")
-    console.print(summary_table(metrics, plan))
-    console.print(f"results: {run.path} (metrics.json, report.html)")
-    if interrupted or not metrics.complete:
-        console.print(f"[yellow]unfinished: run again with --name {name} to finish it[/]")
-    return EvalOutcome(run.path, metrics, interrupted)
+    _print_summary(console, run, plan, metrics, options.again)
+    return EvalOutcome(run.path, metrics, interrupted=False, stopped_early=fatal)
+
+
+def _stopped_line(
+    stop: Stop, run: RunDirectory, plan: RunPlan, metrics: EvalMetrics, again: str
+) -> str:
+    finished = sum(figures.finished for figures in metrics.models.values())
+    if not finished:
+        return f"stopped ({stop.signal}) before any item finished; run it with: {again}"
+    remaining = len(run.pending(plan))
+    return (
+        f"stopped ({stop.signal}): {finished} of {len(plan.items())} items done, "
+        f"{remaining} to run; resume with: {again}"
+    )
 
 
 __all__ = [
@@ -366,6 +450,7 @@ __all__ = [
     "EvalOutcome",
     "Executor",
     "Job",
+    "Stop",
     "default_name",
     "run_eval",
     "select_rows",

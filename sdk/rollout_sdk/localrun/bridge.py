@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -36,6 +37,45 @@ UPSTREAM_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 # refuse: the bridge drops them.
 V1_ONLY_FIELDS = ("rollout_id", "logprobs")
 TOKEN_ID_FIELDS = ("return_token_ids", "logprobs")
+
+
+def _os_cause(exc: BaseException) -> str | None:
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, socket.gaierror):
+            return "host not found"
+        if isinstance(cause, OSError) and cause.strerror:
+            return str(cause.strerror).lower()
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+# What httpx's messages say, when the OS error under them is gone.
+KNOWN_FAILURES = {
+    "connection refused": "connection refused",
+    "name or service not known": "host not found",
+    "temporary failure in name resolution": "host not found",
+    "connection reset": "connection reset",
+}
+
+
+def http_failure(exc: BaseException) -> str:
+    """Why a request got no answer, in a person's words ("connection refused"), from an
+    httpx error and the OS error under it (httpx's own text is often empty)."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "connect timed out"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    text = str(exc).lower()
+    known = next((said for words, said in KNOWN_FAILURES.items() if words in text), None)
+    return _os_cause(exc) or known or str(exc) or type(exc).__name__
+
+
+def unreachable(url: str, exc: BaseException) -> str:
+    """The one line that says a model endpoint could not be reached, and why."""
+    return f"the model endpoint {url} is unreachable: {http_failure(exc)}"
 
 
 class Stepper(Protocol):
@@ -165,9 +205,14 @@ class LLMBridge:
         self.url = f"http://{host}:{listener.getsockname()[1]}"
         return self.url
 
-    async def stop(self) -> None:
+    async def stop(self, *, force: bool = False) -> None:
+        """Stop serving; ``force``: now, dropping the calls under way (a stopped run does
+        not wait for an LLM's answer nobody will read)."""
         if self._server is not None and self._serving is not None:
+            if force:
+                await _drop_calls(self._server)
             self._server.should_exit = True
+            self._server.force_exit = force
             await self._serving
         await self._http.aclose()
 
@@ -219,7 +264,7 @@ class LLMBridge:
                 return await self._stream(rollout_id, url, body, started)
             response = await self._http.post(url, json=body)
         except httpx.HTTPError as exc:
-            return self._failed(rollout_id, f"{self.upstream} unreachable: {exc!r}", 502, True)
+            return self._failed(rollout_id, unreachable(self.upstream, exc), 502, True)
         if response.status_code != 200:
             return self._refused(rollout_id, response.status_code, response.text)
         answer = response.json()
@@ -280,6 +325,28 @@ class LLMBridge:
             )
 
 
+# How long the calls a forced stop cancels get to end.
+DROP_WAIT_SECONDS = 1.0
+
+
+async def _drop_calls(server: uvicorn.Server) -> None:
+    """Cancel the calls under way, without uvicorn logging each as an application error (it
+    would, had the loop's teardown cancelled them): they were dropped on purpose."""
+    for listener in server.servers:  # no new call comes in meanwhile
+        listener.close()
+    calls = list(server.server_state.tasks)
+    if not calls:
+        return
+    errors = logging.getLogger("uvicorn.error")
+    was_disabled, errors.disabled = errors.disabled, True
+    try:
+        for call in calls:
+            call.cancel()
+        await asyncio.wait(calls, timeout=DROP_WAIT_SECONDS)
+    finally:
+        errors.disabled = was_disabled
+
+
 async def _json(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
@@ -288,4 +355,4 @@ async def _json(request: Request) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-__all__ = ["LLMBridge", "Stepper", "StreamedMessage", "Usage"]
+__all__ = ["LLMBridge", "Stepper", "StreamedMessage", "Usage", "http_failure", "unreachable"]

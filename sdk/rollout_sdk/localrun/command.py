@@ -18,7 +18,7 @@ from rollout_sdk.loader import Agent
 from rollout_sdk.localrun.bridge import LLMBridge
 from rollout_sdk.localrun.dataset import DatasetRow, read_rows, v1_row, v2_row
 from rollout_sdk.localrun.interactive import ConsoleStepper, step_through
-from rollout_sdk.localrun.report import Summary, write_output
+from rollout_sdk.localrun.report import Summary, passes, write_output
 from rollout_sdk.localrun.runner import LocalRunner, RowResult, RunOptions
 
 # A person reads at the prompt: the agent's own LLM client must not time out meanwhile.
@@ -38,6 +38,7 @@ class TestOptions:
     row: int | None = None
     output: Path | None = None
     quiet: bool = False
+    pass_threshold: float = 1.0
     run: RunOptions = field(default_factory=RunOptions)
 
 
@@ -68,17 +69,19 @@ async def _batch(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("passed {task.fields[passed]}"),
+        TextColumn("completed {task.fields[ended_ok]} · passed {task.fields[passed]}"),
         TimeElapsedColumn(),
     ]
     with Progress(*columns, console=console, disable=options.quiet) as progress:
-        bar = progress.add_task("rows", total=len(rows), passed=0)
-        passed = 0
+        # ("completed" is the bar's own position, hence ended_ok)
+        bar = progress.add_task("rows", total=len(rows), ended_ok=0, passed=0)
+        completed = passed = 0
 
         def done(result: RowResult) -> None:
-            nonlocal passed
-            passed += result.success
-            progress.update(bar, advance=1, passed=passed)
+            nonlocal completed, passed
+            completed += result.success
+            passed += passes(result, options.pass_threshold)
+            progress.update(bar, advance=1, ended_ok=completed, passed=passed)
 
         return await runner.run_rows(rows, options.concurrency, done)
 
@@ -107,7 +110,8 @@ async def run_test(
             results = await _batch(runner, rows, options, console)
     finally:
         await bridge.stop()
-    summary = Summary.of(results, (time.monotonic() - started) * 1000, bridge.fatal)
+    wall_ms = (time.monotonic() - started) * 1000
+    summary = Summary.of(results, wall_ms, options.pass_threshold, bridge.fatal)
     if options.output is not None:
         await asyncio.to_thread(write_output, options.output, results, summary)
     return summary

@@ -1,5 +1,10 @@
-"""What a local run reports: a summary (pass rate, reward, failures by category, tokens) as a
-table, and the rows as a JSON report (SDK.md §1.15 ``-o``) or JSONL, one line per row."""
+"""What a local run reports: a summary (completed, passed, reward, failures by category,
+tokens) as a table, and the rows as a JSON report (SDK.md §1.15 ``-o``) or JSONL, one line
+per row.
+
+The words are ``eval run``'s: a row *completed* when its rollout ended without an error, and
+*passed* when its reward reached the pass threshold; *failed* is a row that did not complete.
+"""
 
 from __future__ import annotations
 
@@ -26,11 +31,29 @@ REPORT_FIELDS = (
 )
 
 
+REPORT_SUMMARY_FIELDS = (
+    "total",
+    "completed",
+    "passed",
+    "failed",
+    "pass_threshold",
+    "total_duration_ms",
+    "total_tokens",
+)
+
+
+def passes(result: RowResult, threshold: float) -> bool:
+    """A row passed: it completed and its reward reached ``threshold``."""
+    return result.success and result.reward is not None and result.reward >= threshold
+
+
 @dataclass
 class Summary:
     total: int
-    passed: int
-    failed: int
+    completed: int  # ended without an error
+    passed: int  # reward at or above the pass threshold
+    failed: int  # did not complete
+    pass_threshold: float
     reward_mean: float | None
     prompt_tokens: int
     completion_tokens: int
@@ -41,18 +64,24 @@ class Summary:
 
     @classmethod
     def of(
-        cls, results: Sequence[RowResult], wall_ms: float, stopped_early: str | None = None
+        cls,
+        results: Sequence[RowResult],
+        wall_ms: float,
+        pass_threshold: float,
+        stopped_early: str | None = None,
     ) -> Summary:
         rewards = [r.reward for r in results if r.reward is not None]
         usage = Counter[str]()
         for result in results:
             usage.update(result.token_usage)
         failures = Counter(r.error_category or "unknown" for r in results if not r.success)
-        passed = sum(r.success for r in results)
+        completed = sum(r.success for r in results)
         return cls(
             total=len(results),
-            passed=passed,
-            failed=len(results) - passed,
+            completed=completed,
+            passed=sum(passes(r, pass_threshold) for r in results),
+            failed=len(results) - completed,
+            pass_threshold=pass_threshold,
             reward_mean=round(statistics.fmean(rewards), 4) if rewards else None,
             prompt_tokens=usage["prompt_tokens"],
             completion_tokens=usage["completion_tokens"],
@@ -67,8 +96,11 @@ class Summary:
         table.add_column("figure")
         table.add_column("value")
         table.add_row("rows", str(self.total))
-        table.add_row("passed", f"[green]{self.passed}[/green]")
-        table.add_row("failed", f"[red]{self.failed}[/red]" if self.failed else "0")
+        table.add_row("completed", str(self.completed))
+        table.add_row(f"passed (reward ≥ {self.pass_threshold:g})", f"[green]{self.passed}[/green]")
+        table.add_row(
+            "failed (did not complete)", f"[red]{self.failed}[/red]" if self.failed else "0"
+        )
         reward = "n/a" if self.reward_mean is None else f"{self.reward_mean:.4f}"
         table.add_row("reward mean", reward)
         for category, count in self.failures_by_category.items():
@@ -92,9 +124,7 @@ def write_output(path: Path, results: Sequence[RowResult], summary: Summary) -> 
         return
     report = {
         "summary": {
-            key: value
-            for key, value in asdict(summary).items()
-            if key in ("total", "passed", "failed", "total_duration_ms", "total_tokens")
+            key: value for key, value in asdict(summary).items() if key in REPORT_SUMMARY_FIELDS
         },
         "results": [
             {key: value for key, value in result.as_dict().items() if key in REPORT_FIELDS}
@@ -104,4 +134,4 @@ def write_output(path: Path, results: Sequence[RowResult], summary: Summary) -> 
     path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
 
 
-__all__ = ["Summary", "write_output"]
+__all__ = ["Summary", "passes", "write_output"]

@@ -25,7 +25,7 @@ from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.schemas import MessageDict, RolloutRequest
 from rollout_sdk.core.schemas import RolloutStatus as V1Status
 from rollout_sdk.loader import Agent
-from rollout_sdk.localrun.bridge import LLMBridge
+from rollout_sdk.localrun.bridge import LLMBridge, Usage
 from rollout_sdk.localrun.dataset import DatasetRow
 from rollout_sdk.runner import ToolsError, prepare_rollout, run_agent_loop
 from rollout_sdk.types import (
@@ -120,12 +120,7 @@ class LocalRunner:
             result = await self._run_v1(self.agent, row, rollout_id, metadata or {})
         else:
             result = await self._run_v2(self.agent, row, rollout_id, metadata or {})
-        result.duration_ms = round((time.monotonic() - started) * 1000, 1)
-        usage = self.bridge.usage_of(rollout_id)
-        result.llm_calls = usage.calls
-        result.token_usage = usage.token_usage()
-        if not result.success and usage.errors and result.error_category == AGENT_ERROR:
-            result.error_category = LLM_ERROR  # the agent failed because the LLM call did
+        settle(result, self.bridge.usage_of(rollout_id), started)
         await self._write_trace(result)
         return result
 
@@ -236,6 +231,23 @@ class LocalRunner:
         await asyncio.to_thread(append)
 
 
+# A rollout failed this way after an LLM call failed failed because of that call.
+BLAMED_ON_THE_LLM = {None, AGENT_ERROR, LLM_ERROR, RolloutErrorCategory.HTTP_ERROR.value}
+
+
+def settle(result: RowResult, usage: Usage, started: float) -> RowResult:
+    """Add what the bridge saw of the rollout to its result: duration, LLM calls and tokens.
+    A rollout that failed after an LLM call failed is the LLM's failure, and its error is the
+    one the configured endpoint gave (the agent only saw the bridge's 502 or 401)."""
+    result.duration_ms = round((time.monotonic() - started) * 1000, 1)
+    result.llm_calls = usage.calls
+    result.token_usage = usage.token_usage()
+    if not result.success and usage.errors and result.error_category in BLAMED_ON_THE_LLM:
+        result.error_category = LLM_ERROR
+        result.error = usage.errors[0]
+    return result
+
+
 class V2Outcome(Protocol):
     """What a v2 rollout ended with: an execution's result, or a polled wire result."""
 
@@ -278,4 +290,11 @@ def _failed(
     )
 
 
-__all__ = ["LocalRunner", "RowResult", "RunOptions", "rollout_id_of", "v2_row_result"]
+__all__ = [
+    "LocalRunner",
+    "RowResult",
+    "RunOptions",
+    "rollout_id_of",
+    "settle",
+    "v2_row_result",
+]
