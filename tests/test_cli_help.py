@@ -19,9 +19,6 @@ from rollout_fleet.cli import app as fleet_app
 from rollout_sdk.cli import app as sdk_app
 
 APPS = {"rollout-fleet": fleet_app, "rollout-sdk": sdk_app}
-# `eval run` lives in rollout_sdk/evaluation/command.py, which other work is changing: its
-# options get their help there.
-UNEXPLAINED_ELSEWHERE = {"rollout-fleet eval run", "rollout-sdk eval run"}
 
 
 def commands() -> Iterator[tuple[str, typer.Typer, list[str], Command]]:
@@ -43,15 +40,9 @@ def commands() -> Iterator[tuple[str, typer.Typer, list[str], Command]]:
 ALL = sorted(commands(), key=lambda entry: entry[0])
 
 
-def marked(shown: str) -> list[pytest.MarkDecorator]:
-    if shown in UNEXPLAINED_ELSEWHERE:
-        return [pytest.mark.xfail(reason="its help comes with the eval work", strict=True)]
-    return []
-
-
 @pytest.mark.parametrize(
     "command",
-    [pytest.param(entry[3], id=entry[0], marks=marked(entry[0])) for entry in ALL],
+    [pytest.param(entry[3], id=entry[0]) for entry in ALL],
 )
 def test_every_option_and_argument_has_help(command: Command) -> None:
     assert command.help, "the command has no help text"

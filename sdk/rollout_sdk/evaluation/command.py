@@ -117,37 +117,133 @@ def eval_app(
             Path | None, typer.Argument(metavar="CONFIG.toml", help="Eval TOML (upstream's)")
         ] = None,
         module: Annotated[
-            str | None, typer.Option("-m", "--module", "--agent", help="Agent, overrides the file")
+            str | None,
+            typer.Option("-m", "--module", "--agent", help="Agent (default: the TOML's)"),
         ] = None,
-        dataset: Annotated[Path | None, typer.Option("-d", "--dataset")] = None,
+        dataset: Annotated[
+            Path | None,
+            typer.Option(
+                "-d",
+                "--dataset",
+                help="Dataset file (default: the TOML's)",
+            ),
+        ] = None,
         dataset_file: Annotated[
-            Path | None, typer.Option("--dataset-file", help="A local dataset file")
+            Path | None,
+            typer.Option(
+                "--dataset-file", help="Same as --dataset (upstream's name; wins over it)"
+            ),
         ] = None,
         eval_fn: Annotated[
-            list[str] | None, typer.Option("--eval-fn", help="module:function (repeatable)")
+            list[str] | None,
+            typer.Option(
+                "--eval-fn",
+                help="module:function scoring each item, repeatable; the first gives the reward (default: the agent's own reward)",
+            ),
         ] = None,
-        n: Annotated[int | None, typer.Option("--n", min=1, help="Samples per row")] = None,
-        pass_threshold: Annotated[float | None, typer.Option("--pass-threshold")] = None,
-        batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
-        limit: Annotated[int | None, typer.Option("--limit", min=1, help="Rows to run")] = None,
-        rows: Annotated[str | None, typer.Option("--rows", help="Rows, like 0-9,15")] = None,
-        model: Annotated[str | None, typer.Option("--model")] = None,
-        base_url: Annotated[str | None, typer.Option("--base-url")] = None,
-        api_key_env: Annotated[str | None, typer.Option("--api-key-env")] = None,
-        baseline_model: Annotated[str | None, typer.Option("--baseline-model")] = None,
-        baseline_base_url: Annotated[str | None, typer.Option("--baseline-base-url")] = None,
-        baseline_api_key_env: Annotated[str | None, typer.Option("--baseline-api-key-env")] = None,
-        name: Annotated[str | None, typer.Option("--name", help="Run name (resumes it)")] = None,
+        n: Annotated[
+            int | None,
+            typer.Option("--n", min=1, help="Samples per row (default: the TOML's, else 1)"),
+        ] = None,
+        pass_threshold: Annotated[
+            float | None,
+            typer.Option(
+                "--pass-threshold",
+                help="A completed item passes when its reward is at least this "
+                "(default: the TOML's, else 1.0)",
+            ),
+        ] = None,
+        batch_size: Annotated[
+            int | None,
+            typer.Option(
+                "--batch-size",
+                min=1,
+                help="Items at once (default: the TOML's, else what the executor runs at once)",
+            ),
+        ] = None,
+        limit: Annotated[
+            int | None, typer.Option("--limit", min=1, help="Rows to run (default: all)")
+        ] = None,
+        rows: Annotated[
+            str | None, typer.Option("--rows", help="Rows, like 0-9,15 (default: all)")
+        ] = None,
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model",
+                help="Policy model name sent to the endpoint (default: the TOML's [model])",
+            ),
+        ] = None,
+        base_url: Annotated[
+            str | None,
+            typer.Option(
+                "--base-url",
+                help="Policy endpoint, OpenAI-compatible, e.g. http://host:8000/v1 "
+                "(default: the TOML's, else OpenAI)",
+            ),
+        ] = None,
+        api_key_env: Annotated[
+            str | None,
+            typer.Option(
+                "--api-key-env",
+                help="Environment variable holding the policy endpoint's key (default: none)",
+            ),
+        ] = None,
+        baseline_model: Annotated[
+            str | None,
+            typer.Option(
+                "--baseline-model",
+                help="A second model run on the same items, for comparison (default: none)",
+            ),
+        ] = None,
+        baseline_base_url: Annotated[
+            str | None,
+            typer.Option(
+                "--baseline-base-url", help="The baseline model's endpoint (default: the policy's)"
+            ),
+        ] = None,
+        baseline_api_key_env: Annotated[
+            str | None,
+            typer.Option(
+                "--baseline-api-key-env",
+                help="Environment variable holding the baseline endpoint's key (default: none)",
+            ),
+        ] = None,
+        name: Annotated[
+            str | None, typer.Option("--name", help="Run name, resumes it (default: a new name)")
+        ] = None,
         output: Annotated[
             Path, typer.Option("-o", "--output", "--output-path", help="Runs directory")
         ] = DEFAULT_OUTPUT,
-        max_in_flight: Annotated[int | None, typer.Option("--max-in-flight", min=1)] = None,
+        max_in_flight: Annotated[
+            int | None,
+            typer.Option(
+                "--max-in-flight",
+                min=1,
+                help="Rollouts at once (default: --batch-size, else the fleet's slots, "
+                "or 1 in this process)",
+            ),
+        ] = None,
         fresh: Annotated[bool, typer.Option("--fresh", help="Start the named run over")] = False,
-        retry_failed: Annotated[bool, typer.Option("--retry-failed")] = False,
+        retry_failed: Annotated[
+            bool,
+            typer.Option(
+                "--retry-failed", help="Resume the named run, running its failed items again"
+            ),
+        ] = False,
         max_turns: Annotated[int, typer.Option(help="v1 request max_turns")] = 10,
-        temperature: Annotated[float | None, typer.Option()] = None,
-        max_tokens: Annotated[int | None, typer.Option()] = None,
-        quiet: Annotated[bool, typer.Option("-q", "--quiet")] = False,
+        temperature: Annotated[
+            float | None,
+            typer.Option(
+                help="Sampling temperature sent with each LLM call (default: the endpoint's)"
+            ),
+        ] = None,
+        max_tokens: Annotated[
+            int | None, typer.Option(help="Token limit of each LLM call (default: the endpoint's)")
+        ] = None,
+        quiet: Annotated[
+            bool, typer.Option("-q", "--quiet", help="Print only the summary, not each item")
+        ] = False,
         fleet: Annotated[
             str | None,
             typer.Option(
