@@ -131,14 +131,16 @@ def eval_app(
         dataset_file: Annotated[
             Path | None,
             typer.Option(
-                "--dataset-file", help="Same as --dataset (upstream's name; wins over it)"
+                "--dataset-file",
+                help="Upstream's name for --dataset, wins over it (default: --dataset)",
             ),
         ] = None,
         eval_fn: Annotated[
             list[str] | None,
             typer.Option(
                 "--eval-fn",
-                help="module:function scoring each item, repeatable; the first gives the reward (default: the agent's own reward)",
+                help="module:function scoring each item, repeatable; the first gives the reward "
+                "(default: the agent's own reward)",
             ),
         ] = None,
         n: Annotated[
