@@ -20,7 +20,7 @@ from typing import Any, Self
 
 import httpx
 
-from rollout_fleet.local import LocalFleet
+from rollout_fleet.local import ChildExited, LocalFleet
 from rollout_fleet.reaper import Reaper
 from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.client import RolloutClient
@@ -28,7 +28,7 @@ from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.core.schemas import InitResponse, RolloutRequest, RolloutResponse
 from rollout_sdk.core.schemas import RolloutStatus as V1Status
 from rollout_sdk.evaluation.config import EvalConfig
-from rollout_sdk.evaluation.run import Job
+from rollout_sdk.evaluation.run import EvalError, Job
 from rollout_sdk.loader import Agent
 from rollout_sdk.localrun.runner import MAX_TOKENS_TOTAL, RowResult, RunOptions, v2_row_result
 
@@ -92,6 +92,9 @@ class FleetExecutor:
         )
         try:
             self.fleet.start()
+        except (ChildExited, TimeoutError) as exc:  # one line, as rollout-fleet up says it
+            self._stop_fleet()
+            raise EvalError(f"the fleet did not start: {exc}") from None
         except BaseException:
             self._stop_fleet()
             raise

@@ -20,7 +20,7 @@ import pytest
 
 from rollout_fleet.processes import free_port
 from rollout_fleet.redis_server import RedisServer
-from tests.harness import REPO, SCRIPTED_AGENT
+from tests.harness import REPO, agent_failing_in_the_gateway
 from tests.integration.test_up_supervised import (
     assert_all_gone,
     clean_env,
@@ -207,14 +207,7 @@ def test_a_process_that_exits_during_start_stops_up_at_once_naming_why(tmp_path:
     """An agent that loads in ``up`` (and the workers) but not in the gateway: ``up`` stops as
     soon as the gateway exits, with the gateway's last line and its log, stops the rest and
     says so last. Before, it waited 60 s and then blamed the gateway's readiness."""
-    agent = tmp_path / "not_in_the_gateway.py"
-    scripted = SCRIPTED_AGENT.rsplit(":", 1)[0]
-    agent.write_text(
-        "import runpy\nimport sys\n\n"
-        f"agent_loop = runpy.run_path({scripted!r})['agent_loop']\n"
-        "if 'gateway' in sys.argv:\n"
-        "    raise RuntimeError('this agent does not load in the gateway')\n"
-    )
+    agent = agent_failing_in_the_gateway(tmp_path)
     reference = f"{agent}:agent_loop"
     started = time.monotonic()
     with started_up(tmp_path, "--agent", reference, "--no-flower", wait=False) as up:
