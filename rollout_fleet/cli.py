@@ -18,27 +18,22 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from rollout_fleet import state
+from rollout_fleet.startup import check_settings, load_agent_or_exit, refuse, refuse_unsafe_redis
 from rollout_sdk.cli import mock_trainer
 from rollout_sdk.lazy_group import lazy_group
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from rollout_core.settings import FleetSettings
     from rollout_core.store import RecordStore
     from rollout_fleet.evaluation import FleetExecutor
-    from rollout_fleet.local import LocalFleet
-    from rollout_fleet.redis_server import RedisServer
     from rollout_fleet.target import FleetUnreadable
     from rollout_sdk.evaluation.config import EvalConfig
     from rollout_sdk.loader import Agent
@@ -109,59 +104,10 @@ console = _LazyConsole()
 notes = _LazyConsole(stderr=True)  # errors, and what must not mix with output (--json)
 
 
-def _check_settings() -> FleetSettings:
-    """Refuse to start on settings that cannot work, with one line per problem and never the
-    values (a Redis URL holds a password)."""
-    from pydantic import ValidationError
-
-    from rollout_core.settings import FleetSettings
-
-    try:
-        return FleetSettings()
-    except ValidationError as exc:
-        for error in exc.errors(include_input=False, include_url=False):
-            where = ".".join(str(part) for part in error["loc"])
-            field = f"ROLLOUT_FLEET_{where.upper()}: " if where else ""
-            notes.print(f"[red]invalid setting[/red] {field}{error['msg']}", soft_wrap=True)
-        raise typer.Exit(2) from None
-
-
 def _refuse(problem: FleetUnreadable) -> NoReturn:
     """One line on stderr naming why the fleet cannot be read, with its fix; exit 2."""
     print(problem, file=sys.stderr)
     raise typer.Exit(2)
-
-
-def _refuse_unsafe_redis(settings: FleetSettings, *, admits: bool) -> None:
-    """Refuse, in one line, a Redis that can lose admitted rollouts, whose queue another
-    fleet uses, or (for a process that ``admits``) that lacks the replicas admissions wait
-    for (``rollout_core.durability.start_checks``). The process checks again as it
-    starts; this only spares the operator its traceback. A Redis that does not answer now is
-    left to that check; a URL that is not a Redis URL is refused here."""
-    import asyncio
-
-    from rollout_core.durability import StartRefused, start_checks
-    from rollout_core.store import RecordStore, answers
-    from rollout_fleet.target import FleetTarget, unreadable, url_source
-
-    try:
-        if not answers(settings.redis_dsn):
-            return
-    except ValueError as exc:
-        _refuse(unreadable(exc, FleetTarget(settings, url_source(settings))))
-
-    async def check() -> None:
-        store = RecordStore.connect(settings, max_connections=2)
-        try:
-            await start_checks(store, settings, admits=admits)
-        finally:
-            await store.aclose()
-
-    try:
-        asyncio.run(check())
-    except StartRefused as exc:
-        console.print(f"[red]{exc}[/red]", soft_wrap=True, markup=True, highlight=False)
-        raise typer.Exit(2) from None
 
 
 @probe.command("gateway")
@@ -172,7 +118,7 @@ def probe_gateway(
     """The gateway is ready: its agent loaded and Redis answers (GET /ready)."""
     from rollout_fleet import probe
 
-    key = _check_settings().api_key
+    key = check_settings().api_key
     try:
         readiness = probe.probe_gateway(
             f"http://{host}:{port}", key.get_secret_value() if key else None
@@ -193,7 +139,7 @@ def probe_worker(
     from rollout_fleet import probe
 
     try:
-        age = probe.probe_worker(_check_settings(), max_age)
+        age = probe.probe_worker(check_settings(), max_age)
     except probe.ProbeFailed as exc:
         console.print(f"[red]unhealthy:[/red] {exc}")
         raise typer.Exit(1) from exc
@@ -222,23 +168,15 @@ def gateway(
     from rollout_core.settings import FleetSettings
     from rollout_gateway.limits import open_bind_refusal
 
-    _check_settings()
+    check_settings()
     settings = FleetSettings()
     refusal = open_bind_refusal(host, settings.api_key is not None, settings.insecure_open_gateway)
     if refusal is not None:
-        console.print(f"[red]{refusal}[/red]", soft_wrap=True)
-        raise typer.Exit(2)
-    _refuse_unsafe_redis(settings, admits=True)
-    if workers > 1 and settings.agent:
-        # uvicorn restarts a process that fails to start, for ever: an agent that cannot
-        # load stops the gateway here instead, in one line, as it stops a worker.
-        from rollout_sdk.loader import AgentLoadError, load_agent
-
-        try:
-            load_agent(settings.agent)
-        except AgentLoadError as exc:
-            console.print(f"[red]cannot load the agent {settings.agent!r}:[/red] {exc}")
-            raise typer.Exit(1) from None
+        refuse(refusal)
+    refuse_unsafe_redis(settings, admits=True, must_answer=False)
+    # Here, not in uvicorn: a factory that raises is a traceback there (and with --workers,
+    # restarted for ever). The app loads it again from the import cache.
+    load_agent_or_exit(settings.agent)
     if workers > 1 and MULTIPROC_ENV not in os.environ:
         # Processes sharing the port share their metrics: any of them answers a scrape.
         os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollout-gateway-metrics-")
@@ -273,11 +211,12 @@ def worker(
 
     It drives its rollouts on one asyncio loop.
     """
-    _check_settings()
+    check_settings()
     from rollout_core.queue.celery_app import settings
     from rollout_worker.tasks import run_worker
 
-    _refuse_unsafe_redis(settings, admits=False)
+    refuse_unsafe_redis(settings, admits=False, must_answer=False)
+    load_agent_or_exit(settings.agent)  # before Celery starts: one line, at once
 
     run_worker(
         [
@@ -310,7 +249,7 @@ def flower(
     It reads the fleet's Celery config, and refuses to run without FLOWER_BASIC_AUTH
     (user:password) or an OAuth provider (FLOWER_AUTH_PROVIDER).
     """
-    _check_settings()
+    check_settings()
     from rollout_core.queue.celery_app import app as celery
 
     if not (os.environ.get("FLOWER_BASIC_AUTH") or os.environ.get("FLOWER_AUTH_PROVIDER")):
@@ -326,121 +265,6 @@ def flower(
             f"--tasks_columns={tasks_columns}",
         ]
     )
-
-
-def _print_fleet(fleet: LocalFleet, redis_server: RedisServer | None) -> None:
-    from rich.table import Table
-
-    table = Table(title="Rollout Fleet is up", show_header=True)
-    table.add_column("service")
-    table.add_column("where")
-    table.add_row("gateway", fleet.gateway_url)
-    table.add_row("workers", f"{fleet.workers} processes")
-    table.add_row("metrics", f"{fleet.gateway_url}/metrics, workers: {fleet.worker_metrics_urls()}")
-    if fleet.flower:
-        user, _, password = fleet.flower_auth.partition(":")
-        table.add_row("flower", f"{fleet.flower_url}  (user {user}, password {password})")
-    if fleet.mock_trainer:
-        table.add_row("mock TrainGate", fleet.mock_trainer_url)
-    table.add_row("redis", fleet.redis_url.rsplit("@", maxsplit=1)[-1])
-    table.add_row("logs", str(fleet.log_dir))
-    console.print(table)
-    if fleet.mock_trainer:
-        path, body, result = fleet.sample_request()
-        console.print("Send a rollout:")
-        console.print(
-            f"  curl -s -X POST {fleet.gateway_url}{path} "
-            f"-H 'Content-Type: application/json' -d '{body}'",
-            soft_wrap=True,
-        )
-        if path == "/rollout":
-            console.print(
-                "Its result (with the polling_lease_token from the answer):\n"
-                f"  curl -s {result} -H 'X-Osmosis-Rollout-Lease: <token>'",
-                soft_wrap=True,
-            )
-        else:
-            console.print(f"Its result:\n  curl -s {result}")
-    console.print(
-        "In another terminal, rollout-fleet status <id>, ls, cancel and export find this fleet.",
-        soft_wrap=True,
-    )
-    if redis_server is not None:  # its own, without a password: the URL is safe to print
-        console.print(f"Other tools: export REDIS_URL={redis_server.url}", soft_wrap=True)
-    console.print("Press Ctrl-C to stop.")
-
-
-def _choose_port(service: str, asked: int | None, default: int, taken: set[int]) -> int:
-    """The port ``service`` will listen on, chosen before anything starts. A port asked for is
-    that port or nothing: when it is busy, ``up`` stops, naming it. Otherwise ``default``, or
-    a free port if it is busy (said so)."""
-    from rollout_fleet.processes import free_port, port_free
-
-    if asked is not None:
-        if asked in taken or not port_free(asked):
-            console.print(
-                f"[red]port {asked} ({service}) is in use[/red]: free it, choose another, or "
-                "leave the option out to take a free one; nothing was started",
-                soft_wrap=True,
-            )
-            raise typer.Exit(2)
-        taken.add(asked)
-        return asked
-    port = default
-    while port in taken or not port_free(port):
-        port = free_port()
-    if port != default:
-        console.print(f"[yellow]port {default} is in use: {service} listens on {port}[/yellow]")
-    taken.add(port)
-    return port
-
-
-def _stop_fleet(fleet: LocalFleet, redis_server: RedisServer | None) -> None:
-    """Stop the fleet, then its Redis. A second signal meanwhile kills them all at once (the
-    reaper does, as ``up`` exits)."""
-    try:
-        fleet.stop()
-        if redis_server is not None:
-            redis_server.stop()
-    except KeyboardInterrupt:
-        console.print("[red]killed[/red]")
-        raise typer.Exit(130) from None
-
-
-def _supervise(fleet: LocalFleet) -> None:
-    """Restart workers that exit (they recycle themselves); return once another process has
-    stopped."""
-    while True:
-        time.sleep(0.5)
-        for name in fleet.restart_dead_workers():
-            console.print(f"[yellow]{name} exited; restarted it[/yellow]")
-        dead = [p.name for p in fleet.processes.values() if not p.alive()]
-        if dead:
-            console.print(f"[red]{', '.join(dead)} stopped; shutting the fleet down[/red]")
-            return
-
-
-def _run(fleet: LocalFleet, redis_server: RedisServer | None, key_prefix: str) -> None:
-    """Start ``redis_server`` (if any) and ``fleet``, announce them, and keep them running
-    until a signal (or a process that stopped); then stop them."""
-    try:
-        if redis_server is not None:
-            redis_server.start()
-        fleet.start()
-        here = state.UpFleet(
-            os.getpid(), fleet.redis_url, key_prefix, fleet.gateway_url, time.time()
-        )
-        state.announce(here)
-        _print_fleet(fleet, redis_server)
-        _supervise(fleet)
-        raise typer.Exit(1)
-    except KeyboardInterrupt:
-        console.print("stopping... (Ctrl-C again to kill it all at once)")
-    except (TimeoutError, RuntimeError) as exc:
-        console.print(f"[red]the fleet did not start: {exc}[/red]")
-        raise typer.Exit(1) from exc
-    finally:
-        _stop_fleet(fleet, redis_server)
 
 
 @app.command()
@@ -484,55 +308,22 @@ def up(
     Nothing up starts outlives it, even when it is killed. In another terminal,
     rollout-fleet status, ls, cancel and export find this fleet (unless REDIS_URL is set).
     """
-    from rollout_fleet.local import LocalFleet
-    from rollout_fleet.processes import free_port
-    from rollout_fleet.reaper import Reaper
-    from rollout_fleet.redis_server import RedisServer
+    from rollout_fleet.up import UpOptions
+    from rollout_fleet.up import up as run_up
 
-    settings = _check_settings()
-    _stop_on_signals()
-    taken: set[int] = set()  # ports asked for are placed first: a default never takes one
-    gateway_port = _choose_port("the gateway", port, 8000, taken)
-    flower_at = _choose_port("Flower", flower_port, 5555, taken) if flower else free_port()
-    trainer_at = 9001
-    if mock_trainer_responder is not None:
-        trainer_at = _choose_port("the mock TrainGate", mock_trainer_port, 9001, taken)
-    reaper = Reaper.start(state.state_file(os.getpid()))
-    try:
-        redis_url, redis_server = settings.redis_dsn, None
-        if "redis_url" not in settings.model_fields_set:  # its own, started by _run
-            redis_server = RedisServer(process_group=reaper.group)
-            redis_url = redis_server.url
-        fleet = LocalFleet(
+    run_up(
+        UpOptions(
             agent=agent,
-            redis_url=redis_url,
             workers=workers,
             concurrency=concurrency,
+            port=port,
             gateway_workers=gateway_workers,
             flower=flower,
+            flower_port=flower_port,
             mock_trainer=mock_trainer_responder,
-            gateway_port=gateway_port,
-            flower_port=flower_at,
-            mock_trainer_port=trainer_at,
-            process_group=reaper.group,
+            mock_trainer_port=mock_trainer_port,
         )
-        _run(fleet, redis_server, settings.key_prefix)
-    finally:
-        state.state_file(os.getpid()).unlink(missing_ok=True)
-        reaper.close()
-
-
-def _stop_on_signals() -> None:
-    """Ctrl-C, SIGTERM (a supervisor's stop) and SIGHUP (a closed terminal) all stop the fleet
-    cleanly. Set explicitly: started in the background by a script, a process inherits SIGINT
-    ignored (and Python then never raises KeyboardInterrupt); SIGTERM and SIGHUP would kill it
-    without stopping its children."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, interrupt)
+    )
 
 
 def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
@@ -545,7 +336,7 @@ def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
     from rollout_fleet.target import FleetUnreadable, check_fleet, find_target, unreadable
 
     try:
-        target = find_target(_check_settings())
+        target = find_target(check_settings())
     except FleetUnreadable as problem:
         _refuse(problem)
 
@@ -683,7 +474,7 @@ def cancel(
     from rollout_core.store import CancelOutcome
     from rollout_fleet.tables import shown
 
-    retention = _check_settings().result_retention_seconds
+    retention = check_settings().result_retention_seconds
 
     async def cancel_each(store: RecordStore) -> dict[str, CancelOutcome]:
         dispositions = {}

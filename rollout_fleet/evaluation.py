@@ -198,7 +198,7 @@ class FleetExecutor:
             concurrency=target.concurrency,
             process_group=group,
         )
-        self.fleet.start()
+        self.fleet.start()  # a child that exits (ChildExited) or a timeout: the caller says so
         return self.fleet.gateway_url
 
     def _stop_fleet(self) -> None:

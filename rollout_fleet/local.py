@@ -12,19 +12,46 @@ import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 from cryptography.fernet import Fernet
+from pydantic import ValidationError
 
 from rollout_core.settings import FleetSettings
-from rollout_fleet.probe import probe_gateway
-from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
+from rollout_fleet.probe import ProbeFailed, probe_gateway
+from rollout_fleet.processes import ManagedProcess, free_port, port_open
 from rollout_gateway.ready import Readiness
 
 STOP_GRACE_SECONDS = 15.0
+
+Progress = Callable[[str], None]
+"""Hears one line per step of a fleet's start ("gateway ✓ http://…")."""
+
+
+def _timed_out(timeout: float, awaited: list[str], last_answer: str) -> TimeoutError:
+    said = f" (its last answer: {last_answer})" if last_answer else ""
+    return TimeoutError(f"timed out after {timeout:g}s waiting for {', '.join(awaited)}{said}")
+
+
+def _hear_listening(listeners: dict[str, tuple[int, str]], tell: Progress) -> None:
+    """Tell of (and forget) each of ``listeners`` (name: port, URL) that listens now."""
+    for name, (port, url) in list(listeners.items()):
+        if port_open(port):
+            del listeners[name]
+            tell(f"{name.removeprefix('the ')} ✓ {url}")
+
+
+class ChildExited(RuntimeError):
+    """A process of the fleet exited while it started: it will not become ready. The message
+    names it, its exit code, the last line of its log (why, usually) and the log's path."""
+
+    def __init__(self, process: ManagedProcess) -> None:
+        self.process = process
+        super().__init__(process.exit_summary())
 
 
 def fleet_command(*args: str) -> list[str]:
@@ -143,7 +170,8 @@ class LocalFleet:
         name = "gateway" if index == 1 else f"gateway-{index}"
         return self._spawn(name, argv, env or self.process_env())
 
-    def start(self, timeout: float = 60.0) -> LocalFleet:
+    def start(self, timeout: float = 60.0, progress: Progress | None = None) -> LocalFleet:
+        """Start every process, then :meth:`wait_ready` (``progress`` hears each part ready)."""
         env = self.process_env()
         if self.mock_trainer is not None:
             self._spawn(
@@ -167,39 +195,75 @@ class LocalFleet:
                 fleet_command("flower", "--port", str(self.flower_port), "--address", "127.0.0.1"),
                 {**env, "FLOWER_BASIC_AUTH": self.flower_auth},
             )
-        self.wait_ready(timeout)
+        self.wait_ready(timeout, progress)
         return self
 
-    def _auth(self) -> dict[str, str]:
+    def api_key(self) -> str | None:
+        """The server key the gateways require: the one their environment gives them (this
+        fleet's ``env``, else this process's environment or ``.env``, as the children read
+        them)."""
         key = self.env.get("ROLLOUT_FLEET_API_KEY")
+        if key:
+            return key
+        try:
+            secret = FleetSettings().api_key
+        except ValidationError:  # the children refuse such settings; they have no key to use
+            return None
+        return secret.get_secret_value() if secret is not None else None
+
+    def _auth(self) -> dict[str, str]:
+        key = self.api_key()
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def readiness(self, url: str | None = None) -> Readiness:
         """A gateway's ``/ready`` (raises ``ProbeFailed`` unless it is ready)."""
-        return probe_gateway(url or self.gateway_url, self.env.get("ROLLOUT_FLEET_API_KEY"))
+        return probe_gateway(url or self.gateway_url, self.api_key())
 
-    def wait_ready(self, timeout: float) -> None:
-        def all_alive() -> None:
-            for process in self.processes.values():
-                if not process.alive():
-                    raise RuntimeError(
-                        f"{process.name} exited during startup:\n{process.output()[-4000:]}"
-                    )
+    def _check_alive(self) -> None:
+        for process in self.processes.values():
+            if not process.alive():
+                raise ChildExited(process)
 
-        def gateway_ready() -> bool:
-            all_alive()
-            return all(self.readiness(url).ready for url in self.gateway_urls)
-
-        def workers_ready() -> bool:
-            all_alive()
-            return self.readiness().workers >= self.workers
-
-        wait_until(gateway_ready, timeout, "the gateway")
-        wait_until(workers_ready, timeout, "the workers")
+    def wait_ready(self, timeout: float, progress: Progress | None = None) -> None:
+        """Wait until every gateway is ready, the workers have checked in, and Flower and the
+        mock TrainGate listen; ``progress`` hears each step as it happens. A process that
+        exits meanwhile raises :class:`ChildExited` at once (it will not become ready);
+        ``TimeoutError`` names what was still awaited, and the last answer it got."""
+        tell = progress or (lambda _: None)
+        key = self.api_key()
+        deadline = time.monotonic() + timeout
+        listeners: dict[str, tuple[int, str]] = {}  # what only has to listen
         if self.flower:
-            wait_until(lambda: port_open(self.flower_port), timeout, "Flower")
+            listeners["Flower"] = (self.flower_port, self.flower_url)
         if self.mock_trainer is not None:
-            wait_until(lambda: port_open(self.mock_trainer_port), timeout, "the mock TrainGate")
+            listeners["the mock TrainGate"] = (self.mock_trainer_port, self.mock_trainer_url)
+        gateways_ready, workers_shown, last_answer = False, -1, ""
+        while True:
+            self._check_alive()
+            _hear_listening(listeners, tell)
+            try:
+                if not gateways_ready:
+                    for url in self.gateway_urls:
+                        probe_gateway(url, key)
+                    gateways_ready = True
+                    tell(f"gateway ✓ {', '.join(self.gateway_urls)}")
+                workers = min(probe_gateway(self.gateway_url, key).workers, self.workers)
+                if workers != workers_shown:
+                    workers_shown = workers
+                    done = " ✓" if workers == self.workers else ""
+                    tell(f"workers {workers}/{self.workers}{done}")
+            except (ProbeFailed, httpx.HTTPError, ValueError) as exc:
+                last_answer = str(exc)
+            if workers_shown == self.workers and not listeners:
+                return
+            if time.monotonic() >= deadline:
+                awaited = [*listeners]
+                if not gateways_ready:
+                    awaited.insert(0, "the gateway")
+                elif workers_shown < self.workers:
+                    awaited.insert(0, f"the workers ({max(workers_shown, 0)} ready)")
+                raise _timed_out(timeout, awaited, last_answer)
+            time.sleep(0.1)
 
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
         """Every fleet process shuts down at once; together they get ``grace`` seconds, then
@@ -247,4 +311,4 @@ class LocalFleet:
         return "/v1/rollout/init", json.dumps(body), result
 
 
-__all__ = ["LocalFleet", "fleet_command"]
+__all__ = ["ChildExited", "LocalFleet", "Progress", "fleet_command"]

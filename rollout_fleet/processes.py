@@ -38,22 +38,37 @@ def wait_until(
     raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
 
 
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a server could listen on ``host:port`` now. With ``SO_REUSEADDR``, as uvicorn
-    and Flower bind: a closed connection's ``TIME_WAIT`` does not make a port busy."""
+def bind_error(port: int, host: str = "127.0.0.1") -> OSError | None:
+    """Why a server could not listen on ``host:port`` now (in use, or a privileged port), or
+    None. With ``SO_REUSEADDR``, as uvicorn and Flower bind: a closed connection's
+    ``TIME_WAIT`` does not make a port busy."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return False
-        return True
+        except OSError as exc:
+            return exc
+        return None
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``host:port`` now."""
+    return bind_error(port, host) is None
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
         return sock.connect_ex((host, port)) == 0
+
+
+# What servers print on their way out, whatever the cause.
+_SIGN_OFFS = (
+    "Application startup failed. Exiting.",
+    "Waiting for application shutdown.",
+    "Application shutdown complete.",
+    "Finished server process",
+)
 
 
 @dataclass
@@ -133,5 +148,32 @@ class ManagedProcess:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def last_words(self) -> str:
+        """The last line of the log that can say why the process ended: blank lines and a
+        server's sign-off (uvicorn's "Application startup failed. Exiting.") are skipped."""
+        for raw in reversed(self.output().splitlines()):
+            line = raw.strip()
+            if line and not any(sign_off in line for sign_off in _SIGN_OFFS):
+                return line
+        return "(its log is empty)"
 
-__all__ = ["ManagedProcess", "free_port", "port_free", "port_open", "wait_until"]
+    def exit_summary(self) -> str:
+        """How it ended, why (its last words) and where its log is, in one line."""
+        code = self.process.poll() if self.process is not None else None
+        if code is None:
+            ended = "is running"
+        elif code < 0:
+            ended = f"was killed by {signal.Signals(-code).name}"
+        else:
+            ended = f"exited with code {code}"
+        return f"{self.name} {ended}: {self.last_words()} (its log: {self.log_path})"
+
+
+__all__ = [
+    "ManagedProcess",
+    "bind_error",
+    "free_port",
+    "port_free",
+    "port_open",
+    "wait_until",
+]

@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Sequence
 from fastapi import Depends, FastAPI, Request
 from fastapi.params import Depends as Dependency
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rollout_core import tracing
-from rollout_core.durability import RedisWatch, start_checks
+from rollout_core.durability import RedisWatch, StartRefused, start_checks
 from rollout_core.queue import celery_app
 from rollout_core.secrets import load_secret_box
 from rollout_core.settings import FleetSettings
@@ -60,6 +61,40 @@ async def _store_full(request: Request, exc: Exception) -> JSONResponse:
         content={"detail": "rollout store is full (Redis maxmemory); retry later"},
         headers={"Retry-After": "5"},
     )
+
+
+class StartRefusalInOneLine:
+    """A start the lifespan refuses for its Redis (:class:`StartRefused`: it can lose
+    rollouts, another fleet holds the queue, too few replicas) fails with that one line, as
+    ``rollout-fleet gateway`` says it before it starts uvicorn, and not the traceback the
+    framework sends with it (a newcomer reads the first line of a log)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        held: list[Message] = []
+
+        async def hold_failure(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)  # sent below, once the exception tells what failed
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, hold_failure)
+        except StartRefused as exc:
+            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            return
+        except BaseException:
+            for message in held:
+                await send(message)
+            raise
+        for message in held:
+            await send(message)
 
 
 def _v1_service(request: Request) -> V1Service:
@@ -137,6 +172,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     _routes(app, speaks_v1, api_key)
     app.add_middleware(metrics.CountAdmissions)  # counts every answer
+    app.add_middleware(StartRefusalInOneLine)
     # outermost: refuses before anything starts
     app.add_middleware(
         OpenBindRefusal, has_key=api_key is not None, insecure_open=settings.insecure_open_gateway
@@ -146,4 +182,4 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     return app
 
 
-__all__ = ["create_app"]
+__all__ = ["StartRefusalInOneLine", "create_app"]

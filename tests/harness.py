@@ -34,6 +34,19 @@ CALCULATOR_AGENT = f"{REPO / 'examples/calculator/server.py'}:agent_loop"
 CALCULATOR_DATASET = REPO / "examples/calculator/test_data.jsonl"
 
 
+def agent_failing_in_the_gateway(folder: Path) -> Path:
+    """An agent file that loads (the scripted agent) everywhere but in a gateway process."""
+    agent = folder / "not_in_the_gateway.py"
+    scripted = SCRIPTED_AGENT.rsplit(":", 1)[0]
+    agent.write_text(
+        "import runpy\nimport sys\n\n"
+        f"agent_loop = runpy.run_path({scripted!r})['agent_loop']\n"
+        "if 'gateway' in sys.argv:\n"
+        "    raise RuntimeError('this agent does not load in the gateway')\n"
+    )
+    return agent
+
+
 def new_id(prefix: str = "r") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,13 @@ import pytest
 from rollout_fleet.local import fleet_command
 from rollout_fleet.processes import wait_until
 from rollout_sdk.evaluation.results import RESULTS_FILE
-from tests.harness import REPO, MockTrainGateClient, screenshot_dir, start_mock_trainer
+from tests.harness import (
+    REPO,
+    MockTrainGateClient,
+    agent_failing_in_the_gateway,
+    screenshot_dir,
+    start_mock_trainer,
+)
 from tests.integration.test_up_supervised import assert_all_gone, listening_ports
 
 FIXTURE_ROWS = REPO.parent / "shared" / "fixtures" / "example_calculator_test_data.jsonl"
@@ -369,3 +376,31 @@ def test_a_sigkilled_run_leaves_no_process_of_the_fleet_it_started(
         if run.poll() is None:
             run.kill()
     assert len(results_of(runs / "killed")) >= 20
+
+
+def test_a_fleet_that_does_not_start_ends_the_run_at_once_in_one_line(
+    mock_trainer: MockTrainGateClient, fleet_rows: Path, tmp_path: Path
+) -> None:
+    """The gateway of the fleet started for the run cannot load the agent: the run ends as
+    soon as it exits, naming its last line and log (it waited 60 s, then a traceback)."""
+    agent = agent_failing_in_the_gateway(tmp_path)
+    args = fleet_args(mock_trainer, fleet_rows, tmp_path / "runs", "no-fleet")
+    args[1] = f"{agent}:agent_loop"
+    started = time.monotonic()
+    run = subprocess.run(
+        eval_command("fleet", *args),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    assert "Traceback" not in output
+    said = [line for line in output.splitlines() if "the fleet did not start" in line]
+    assert len(said) == 1, output
+    assert said[0].startswith("Error: the fleet did not start: gateway exited with code 1: "), said
+    assert "RuntimeError: this agent does not load in the gateway (its log: " in said[0]
+    assert time.monotonic() - started < 55

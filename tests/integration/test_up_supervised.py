@@ -57,19 +57,24 @@ class Up:
 
 
 def clean_env(runtime_dir: Path) -> dict[str, str]:
-    """A new terminal's environment: no Redis URL, no fleet settings."""
+    """A new terminal's environment: no Redis URL, no fleet settings; temporary files (up's
+    log folders) in the test's own folder, next to ``runtime_dir``."""
     env = {
         key: value
         for key, value in os.environ.items()
         if key != "REDIS_URL" and not key.startswith("ROLLOUT_FLEET_")
     }
-    return {**env, "XDG_RUNTIME_DIR": str(runtime_dir)}
+    temporary = runtime_dir.parent / "tmp"
+    temporary.mkdir(exist_ok=True)
+    return {**env, "XDG_RUNTIME_DIR": str(runtime_dir), "TMPDIR": str(temporary)}
 
 
 @contextmanager
-def started_up(tmp_path: Path, *args: str, wait: bool = True) -> Iterator[Up]:
-    """``rollout-fleet up *args`` in its own session (as a terminal would run it); killed,
-    tree and all, if the test did not stop it."""
+def started_up(
+    tmp_path: Path, *args: str, wait: bool = True, env: dict[str, str] | None = None
+) -> Iterator[Up]:
+    """``rollout-fleet up *args`` in its own session (as a terminal would run it), ``env``
+    added to a new terminal's; killed, tree and all, if the test did not stop it."""
     runtime_dir = tmp_path / "run"
     runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log = tmp_path / "up.log"
@@ -77,7 +82,7 @@ def started_up(tmp_path: Path, *args: str, wait: bool = True) -> Iterator[Up]:
         process = subprocess.Popen(
             [sys.executable, "-m", "rollout_fleet", "up", *args],
             cwd=REPO,
-            env=clean_env(runtime_dir),
+            env={**clean_env(runtime_dir), **(env or {})},
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -138,19 +143,55 @@ def test_a_sigkilled_up_leaves_no_process_and_no_open_port(tmp_path: Path) -> No
         assert not up.state_files()  # the reaper removed it: no one finds a dead fleet
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
-def test_sigterm_and_sighup_stop_the_fleet_as_ctrl_c_does(
+def run_folder(output: str) -> Path:
+    """The log folder ``up`` named as it started."""
+    return Path(output.split("starting Rollout Fleet; logs: ", 1)[1].split("\n", 1)[0])
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"]
+)
+def test_sigint_sigterm_and_sighup_stop_the_fleet_and_say_so_last(
     tmp_path: Path, signum: signal.Signals
 ) -> None:
+    """A line per part as it comes up, then the table; after the signal, "stopped" is the
+    last line, no process of the tree is left (by pid) and the logs are where ``up`` said."""
+    with started_up(tmp_path, *fleet_args()) as up:
+        tree = up.tree()
+        ports = listening_ports(tree)
+        started = up.output().split("Rollout Fleet is up", 1)[0]
+        for part in ("Redis ✓ redis://", "gateway ✓ http://", "workers 1/1 ✓", "Flower ✓"):
+            assert part in started, started
+        assert "mock TrainGate ✓ http://" in started
+
+        up.process.send_signal(signum)
+        assert up.process.wait(60) == 0
+        output = up.output()
+        assert "stopping..." in output
+        folder = run_folder(output)
+        assert output.splitlines()[-1] == f"stopped (logs: {folder})"
+        assert folder.parent == tmp_path / "tmp" / f"rollout-fleet-up-{os.getuid()}"
+        assert {"gateway.log", "worker-1.log", "flower.log"} <= {p.name for p in folder.iterdir()}
+        assert_all_gone(tree, ports)
+        assert "killed" not in output  # stopped in order: the reaper found nothing left
+        assert "Traceback" not in output
+        assert not up.state_files()
+
+
+def test_a_second_ctrl_c_kills_what_is_left_and_says_it_stopped(tmp_path: Path) -> None:
     with started_up(tmp_path, *fleet_args()) as up:
         tree = up.tree()
         ports = listening_ports(tree)
 
-        up.process.send_signal(signum)
-        assert up.process.wait(60) == 0
-        assert "stopping..." in up.output()
+        up.process.send_signal(signal.SIGINT)
+        wait_until(lambda: "stopping..." in up.output(), 30, "up to stop")
+        up.process.send_signal(signal.SIGINT)  # workers take seconds to shut down cleanly
+        assert up.process.wait(60) == 130
+        output = up.output()
+        assert "killing what is left..." in output
+        assert output.splitlines()[-1] == f"stopped (logs: {run_folder(output)})"
         assert_all_gone(tree, ports)
-        assert "killed" not in up.output()  # stopped in order: the reaper found nothing left
+        assert "Traceback" not in output
         assert not up.state_files()
 
 
