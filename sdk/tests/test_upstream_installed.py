@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -176,6 +177,7 @@ SCAFFOLD = '''"""What `osmosis rollout init` scaffolds (osmosis-ai 0.3.8), TODOs
 from __future__ import annotations
 
 import os
+import re
 
 import uvicorn
 
@@ -308,3 +310,17 @@ def test_upstream_mode_leaves_the_installed_package(
     assert done.returncode == 1
     assert NOTICE not in done.stderr
     assert "AgentWorkflow" in done.stderr
+
+
+def test_the_spec_says_what_the_newest_wheel_serves_about_drain(venv: Path) -> None:
+    """PROTOCOL.md 2.14 says ``POST /drain`` is absent from 0.3.8 (it was in 0.3.5 only): the
+    installed wheel's server code must define no such route."""
+    site = next((venv / "lib").glob("python3.*/site-packages/osmosis_ai"))
+    routes = [
+        path.relative_to(site)
+        for path in site.rglob("*.py")
+        if re.search(r"""\.(post|api_route)\(\s*["']/drain["']""", path.read_text("utf-8"))
+    ]
+    assert routes == []
+    spec = (REPO / "docs" / "spec" / "PROTOCOL.md").read_text()
+    assert "added in 0.3.5, removed in 0.3.6, absent\nfrom 0.3.8" in spec
