@@ -392,7 +392,7 @@ def status(
     from rich.table import Table
     from rich.text import Text
 
-    from rollout_fleet.tables import shown
+    from rollout_sdk.terminal import as_data as shown
 
     table = Table(show_header=False, title=Text.assemble("rollout ", shown(rollout_id)))
     for name, value in view.model_dump().items():
@@ -472,7 +472,7 @@ def cancel(
 
     from rollout_core.protocols import cancelled_result
     from rollout_core.store import CancelOutcome
-    from rollout_fleet.tables import shown
+    from rollout_sdk.terminal import as_data as shown
 
     retention = check_settings().result_retention_seconds
 

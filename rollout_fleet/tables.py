@@ -16,20 +16,13 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from rollout_sdk.terminal import as_data as shown
+
 if TYPE_CHECKING:
     from rollout_core.views import RolloutView
 
 GAP = 2  # columns between two columns (padding, collapsed, and the box's blank divider)
 FOLDED_MIN = 10  # narrower than this, a folded column is more noise than help
-
-
-def shown(value: object) -> Text:
-    """A value from a record, shown as data: never read as markup, control characters as
-    escapes (an admitted id may hold anything; the operator's terminal must not obey it)."""
-    text = "" if value is None else str(value)
-    return Text(
-        "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
-    )
 
 
 def _clipped(text: str, most: int) -> str:
@@ -112,4 +105,4 @@ def _stacked(views: list[RolloutView], ids: list[Text]) -> RenderableType:
     return Group(*lines)
 
 
-__all__ = ["shown", "views_table"]
+__all__ = ["views_table"]

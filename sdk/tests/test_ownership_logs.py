@@ -6,11 +6,14 @@ rollout, its status and its owner, and never a key."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import logging
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -155,3 +158,53 @@ def test_without_the_endpoint_nothing_is_exported(monkeypatch: pytest.MonkeyPatc
     assert not log.enabled
     log.record(log.fields("r", None), RolloutStatus.RUNNING)
     log.close()
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """An OTLP endpoint that notes each request's headers and refuses it with words of its
+    own."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
+        self.send_response(400, "FOREIGN-REASON-PHRASE")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        return
+
+
+def test_a_tracing_vendors_credentials_and_the_endpoints_words_stay_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The OTEL_* headers an operator sets for their tracing vendor are not sent to the
+    ownership-log endpoint, and what that endpoint answers is not written to the log."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OSMOSIS_ROLLOUT_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer VENDOR-SECRET")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "x-api-key=VENDOR-SECRET")
+    _Refusing.seen = []
+    try:
+        with caplog.at_level(logging.DEBUG):
+            log = OwnershipLog({"server_id": "srv-1"})
+            log.start()
+            assert log.enabled
+            log.record(log.fields("r-1", None), RolloutStatus.RUNNING)
+            log.close()  # flushes the batch
+        assert _Refusing.seen, "nothing was exported"
+        for headers in _Refusing.seen:
+            assert "authorization" not in headers
+            assert "x-api-key" not in headers
+        assert "VENDOR-SECRET" not in repr(_Refusing.seen)
+        failures = [r.getMessage() for r in caplog.records if "Failed to export" in r.getMessage()]
+        assert failures, "the refusal was not logged at all"
+        assert "FOREIGN-REASON-PHRASE" not in caplog.text
+        assert "400" in failures[0]
+        assert os.environ["OTEL_EXPORTER_OTLP_HEADERS"].endswith("VENDOR-SECRET")  # put back
+    finally:
+        server.shutdown()
+        server.server_close()

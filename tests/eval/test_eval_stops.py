@@ -453,3 +453,28 @@ def test_passed_means_the_reward_reached_the_threshold_in_rollout_sdk_test(
     assert figures["completed"] == "5"
     assert figures["passed (reward ≥ 1)"] == "3"
     assert figures["failed (did not complete)"] == "0"
+
+
+def test_text_from_the_dataset_is_shown_as_data_not_obeyed(
+    mock_trainer: MockTrainGateClient, tmp_path: Path
+) -> None:
+    """A prompt holding Rich markup and a terminal escape: the run ends normally, and the
+    summary shows both as written (the escape as ``\\x1b``), never rendering or obeying them."""
+    rows = calculator_rows(tmp_path / "rows.jsonl", 3)
+    hostile = " [/] [link=https://evil.example]x[/link] \x1b]0;PWNED\x07\x1b[31m"
+    lines = [json.loads(line) for line in rows.read_text().splitlines()]
+    for line in lines:
+        line["user_prompt"] += hostile
+    rows.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = run(
+        "sdk",
+        *("-m", CALCULATOR, "-d", str(rows), "--model", "m", "--base-url", model_url(mock_trainer)),
+        *("-o", str(tmp_path / "runs"), "--name", "hostile", "-q"),
+        env=isolated_env(tmp_path / "state", COLUMNS="400"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "\x1b]" not in done.stdout
+    assert "\x1b[31m" not in done.stdout
+    assert "\\x1b]0;PWNED\\x07" in done.stdout
+    assert "[/] [link=https://evil.example]x[/link]" in done.stdout

@@ -82,11 +82,14 @@ def test_every_form_of_the_metadata_address_is_refused_at_admission(
 def test_a_refused_network_is_refused_at_admission_when_written_as_an_address(
     v1_fleet: FleetUnderTest, listener: Listener
 ) -> None:
-    for host in ("127.0.0.1", "2130706433", "[::1]"):
+    # 0.0.0.0 ("this network"), its short form and the unspecified IPv6 address connect to
+    # this host on Linux: loopback as far as the refused networks go.
+    for host in ("127.0.0.1", "2130706433", "[::1]", "0.0.0.0", "0", "[::]", "[::ffff:0.0.0.0]"):
         body = v1_fleet.body(server_url=f"http://{host}:{listener.port}/gate")
         response = v1_fleet.init(body)
         assert response.status_code == 422, response.text
         assert "refused network" in response.text
+    assert listener.accepted == 0
 
 
 def test_a_v1_rollout_whose_name_resolves_to_a_refused_address_never_connects(

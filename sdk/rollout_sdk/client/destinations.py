@@ -97,6 +97,12 @@ def host_address(host: str) -> IPAddress | None:
         return _inet_aton(host)
 
 
+_THIS_HOST_V4 = ipaddress.ip_network("0.0.0.0/8")
+_ANY_V6 = ipaddress.IPv6Address("::")
+_LOOPBACK_V4 = ipaddress.IPv4Address("127.0.0.1")
+_LOOPBACK_V6 = ipaddress.IPv6Address("::1")
+
+
 def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 one reaches: mapped, translated, compatible, NAT64 or
     6to4."""
@@ -116,6 +122,10 @@ def refused_address(address: IPAddress, networks: Sequence[IPNetwork] = ()) -> s
     """Why the SDK never connects to ``address`` (e.g. ``link-local address 169.254.169.254
     (cloud metadata)``); None if it may."""
     reached = _embedded_ipv4(address) or address
+    if reached in _THIS_HOST_V4 or reached == _ANY_V6:
+        # A connection to "this network" / the unspecified address lands on this host: it is
+        # loopback as far as any refused network is concerned.
+        reached = _LOOPBACK_V4 if reached.version == 4 else _LOOPBACK_V6
     written = "" if reached == address else f", written {address}"
     if reached in METADATA_ADDRESSES:
         kind = "link-local" if reached.is_link_local else "cloud-metadata"

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from rollout_sdk.evaluation.metrics import EvalMetrics, ModelMetrics
 from rollout_sdk.evaluation.results import ItemResult, RunPlan, verdict, worst_first
+from rollout_sdk.terminal import as_data
 
 TERMINAL_ROWS = 20  # the rest are in report.html
 VERDICT_STYLE = {"wrong": "yellow", "failed": "red", "passed": "green"}
@@ -69,13 +70,14 @@ def figures_table(metrics: EvalMetrics, plan: RunPlan) -> Table:
     return table
 
 
-def failure_lines(metrics: EvalMetrics) -> list[str]:
-    """Per model and category: how many failed, and the first one's error."""
+def failure_lines(metrics: EvalMetrics) -> list[Text]:
+    """Per model and category: how many failed, and the first one's error (as data: an
+    error may quote what an endpoint or agent said)."""
     lines = []
     for name, figures in metrics.models.items():
         for category, count in sorted(figures.failures_by_category.items()):
             first = figures.first_errors.get(category, "")
-            lines.append(f"{name}: {count} × {category}: {first}")
+            lines.append(as_data(f"{name}: {count} × {category}: {first}"))
     return lines
 
 
@@ -103,9 +105,9 @@ def rows_table(results: Sequence[ItemResult], limit: int = TERMINAL_ROWS) -> Tab
             Text(judged, style=VERDICT_STYLE[judged]),
             "–" if result.reward is None else f"{result.reward:g}",
             f"{result.latency_ms:.0f}",
-            result.prompt or "",
-            result.label or "",
-            answer,
+            as_data(result.prompt),
+            as_data(result.label),
+            as_data(answer),
         )
     return table
 

@@ -16,11 +16,12 @@ logs one warning line and the server runs without the logs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rollout_sdk.types.sample import RolloutStatus
@@ -70,6 +71,52 @@ def owner_from_env(default_server_id: str | None = None) -> dict[str, str]:
 Fields = dict[str, str]
 
 
+# What the OpenTelemetry exporter would add from the environment that belongs to another
+# destination: the headers, client certificates and credential providers an operator sets for
+# their tracing vendor (OPERATIONS.md) must not travel to the ownership-log endpoint.
+_CREDENTIAL_VARIABLES = ("HEADERS", "CLIENT_KEY", "CLIENT_CERTIFICATE", "CREDENTIAL_PROVIDER")
+
+
+@contextlib.contextmanager
+def _without(markers: tuple[str, ...]) -> Iterator[None]:
+    """The OTLP exporter variables holding any of ``markers`` taken out of the environment
+    while the block runs (the exporter reads them as it is made), then put back."""
+    names = [
+        name
+        for name in os.environ
+        if name.startswith(("OTEL_EXPORTER_OTLP_", "OTEL_PYTHON_EXPORTER_OTLP_"))
+        and any(marker in name for marker in markers)
+    ]
+    saved = {name: os.environ.pop(name) for name in names}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+class _NoForeignWords(logging.Filter):
+    """The exporter logs a failed export with the endpoint's reason phrase and errors: words
+    chosen by the other side. Keep the numbers (status code, delay), hide the text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                arg if isinstance(arg, (int, float)) or arg == "logs" else "(not shown)"
+                for arg in record.args
+            )
+        return True
+
+
+def _quiet_foreign_words() -> None:
+    """Put :class:`_NoForeignWords` on every OpenTelemetry exporter logger made so far (the
+    exporter's modules are imported by now)."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("opentelemetry.exporter"):
+            exporter_logger = logging.getLogger(name)
+            if not any(isinstance(f, _NoForeignWords) for f in exporter_logger.filters):
+                exporter_logger.addFilter(_NoForeignWords())
+
+
 class OwnershipLog:
     """One server's ownership log; a no-op until :meth:`start` finds an endpoint."""
 
@@ -102,10 +149,13 @@ class OwnershipLog:
                 INSTALL_HINT,
             )
             return
+        with _without(_CREDENTIAL_VARIABLES):
+            exporter = OTLPLogExporter(endpoint=f"{endpoint}/v1/logs", timeout=2)
+        _quiet_foreign_words()
         provider = LoggerProvider(resource=Resource({"service.name": SERVICE_NAME}))
         provider.add_log_record_processor(
             BatchLogRecordProcessor(
-                OTLPLogExporter(endpoint=f"{endpoint}/v1/logs", timeout=2),
+                exporter,
                 max_queue_size=1024,
                 max_export_batch_size=128,
                 schedule_delay_millis=1000,
