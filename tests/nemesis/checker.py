@@ -237,7 +237,9 @@ def _v1_callbacks(
     stage: Stage, admitted: set[str], nemesis: Nemesis, deadline: float
 ) -> dict[str, list[dict[str, Any]]]:
     """Each v1 rollout's answered callbacks, once every admitted one has one (or ``deadline``
-    passed) and a repeat of the last crash or callback would have arrived."""
+    passed) and a repeat of the last crash or callback would have arrived. Only callbacks the
+    trainer accepted (200) count: one it refused (a TrainGate fault's 5xx) was not delivered,
+    and the protocol retries it."""
     while True:
         calls = [c for c in stage.trainer.calls("completed") if c["status"] == 200]
         if admitted <= {c["rollout_id"] for c in calls} or time.monotonic() > deadline:

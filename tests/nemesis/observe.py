@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import redis
 
-from tests.chaos.harness import LEASE_HEADER, TERMINAL, Trainer
+from tests.chaos.harness import LEASE_HEADER, Trainer
 from tests.nemesis.stage import PREFIX, Stage
 
 REPOLL_AFTER = 1.0  # seconds between a v2 rollout's first terminal poll and the next
@@ -66,7 +66,9 @@ class PollingTrainer(Trainer):
 
 
 def poll_once(gateways: list[str], rollout_id: str, token: str) -> dict[str, Any] | None:
-    """One more poll of a v2 rollout (the checker's, at the end): its body if terminal."""
+    """One more poll of a v2 rollout (the checker's, at the end): its body, or for any other
+    answer than a 200 (a 409, 403, 404: every poll must return the terminal result) a body
+    saying what came instead, which no result equals; ``None`` only if no gateway answered."""
     for attempt in range(10):
         url = f"{gateways[attempt % len(gateways)]}/rollout/{rollout_id}/result"
         try:
@@ -78,9 +80,9 @@ def poll_once(gateways: list[str], rollout_id: str, token: str) -> dict[str, Any
             time.sleep(0.2)
             continue
         if response.status_code != 200:
-            return None
+            return {"status": f"answered {response.status_code}", "body": response.text[:200]}
         result: dict[str, Any] = response.json()
-        return result if result["status"] in TERMINAL else None
+        return result
     return None
 
 

@@ -30,7 +30,7 @@ import httpx
 import redis
 
 from tests.chaos.harness import Protocol
-from tests.nemesis.checker import REPEAT_SECONDS
+from tests.nemesis.checker import REPEAT_SECONDS, Report, _check_polls
 from tests.nemesis.faults import Fault, Nemesis
 from tests.nemesis.observe import PollingTrainer
 from tests.nemesis.run import Size, run
@@ -214,3 +214,17 @@ def test_a_clean_run_of_the_same_size_reports_none(tmp_path: Path) -> None:
     assert not report.found, report.summary()
     assert report.figures["crashes"] == {"sigstop": 1, "sigterm": 1}
     assert report.figures["admitted"] == {"v1": 20, "v2": 20}
+
+
+def test_a_final_poll_refused_or_not_terminal_is_a_contradicting_result() -> None:
+    """Every poll must return the terminal result: the checker's own last poll answering 409
+    (or a status that is not terminal) is a violation, not a poll to drop."""
+    record = {"status": "success", "result": json.dumps({"status": "success", "reward": 1.0})}
+    first = json.loads(record["result"])
+    for last in ({"status": "answered 409", "body": "lease"}, {"status": "running"}):
+        report = Report()
+        _check_polls(report, PollingTrainer.__new__(PollingTrainer), "r1", record, [first, last])
+        assert [v.kind for v in report.found] == ["contradicting_result"] * 2, report.found
+    agreeing = Report()
+    _check_polls(agreeing, PollingTrainer.__new__(PollingTrainer), "r1", record, [first, first])
+    assert agreeing.found == []
