@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 from tests.harness import REPO
 
 
-def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
+def run_point(point: str, scale: str) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+    """Run one bench point at ``scale``: the finished process and its JSON figure lines."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "dispatch", "--scale", "0.02"],
+        [sys.executable, "-m", "bench", point, "--scale", scale],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -21,7 +23,11 @@ def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return done, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
+    done, lines = run_point("dispatch", "0.02")
     fleet, lean, baseline, target, lean_target = lines[:5]
     assert [line["system"] for line in (fleet, lean, baseline)] == [
         "fleet-2w",
@@ -54,16 +60,7 @@ def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:
 
 
 def test_the_cli_start_point_reports_each_command_beside_the_interpreter() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "cli-start", "--scale", "0.1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    _, lines = run_point("cli-start", "0.1")
     assert [line["figure"] for line in lines] == [
         "python -c pass (baseline) ms",
         "rollout-fleet --help ms",
