@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from rollout_sdk.loader import Agent
     from rollout_sdk.localrun.runner import RunOptions
 
-T = TypeVar("T")
 
 app = typer.Typer(
     name="rollout-fleet",
@@ -326,7 +325,7 @@ def up(
     )
 
 
-def _store_call(work: Callable[[RecordStore], Awaitable[T]]) -> T:
+def _store_call[T](work: Callable[[RecordStore], Awaitable[T]]) -> T:
     """Run ``work`` against the records of the fleet :func:`rollout_fleet.target.find_target`
     names, once Redis answered (within seconds) and holds that fleet; say which fleet on
     stderr first. Every failure to read it is one line on stderr and exit 2."""

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import httpx
 
@@ -45,8 +45,6 @@ from rollout_sdk.localrun.runner import (
     settle,
     v2_row_result,
 )
-
-T = TypeVar("T")
 
 # Jobs at once per worker slot of a fleet started for the run (its default concurrency).
 DEFAULT_WORKER_SLOTS = 32
@@ -105,7 +103,7 @@ def running_up_for(agent: str) -> state.UpFleet | None:
     return next((fleet for fleet in state.running() if agent_of(fleet) == wanted), None)
 
 
-async def in_daemon_thread(work: Callable[[], T]) -> T:
+async def in_daemon_thread[T](work: Callable[[], T]) -> T:
     """``work()`` in a thread of its own that never holds the process up: a run stopped while
     a fleet starts must not wait for the start to finish (the default executor's threads are
     waited for at exit)."""

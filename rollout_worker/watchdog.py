@@ -57,7 +57,7 @@ class TaskLineage:
                 self._parents[task] = parent
             return task
 
-        loop.set_task_factory(factory)  # type: ignore[arg-type]
+        loop.set_task_factory(factory)
 
     def root_in(
         self, task: asyncio.Task[Any] | None, roots: Mapping[K, asyncio.Task[Any]]

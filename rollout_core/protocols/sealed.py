@@ -3,15 +3,13 @@ beside it (``secrets.py``), and put back together when a worker reads it."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from rollout_core import tracing
 from rollout_core.secrets import SecretBox, SecretUnreadable
 from rollout_core.store import Protocol, RecordField, RolloutRecord
-
-Request = TypeVar("Request", bound=BaseModel)
 
 
 class UnreadableRecord(ValueError):
@@ -36,7 +34,7 @@ def admission_fields(
     return fields
 
 
-def request_of(
+def request_of[Request: BaseModel](
     model: type[Request],
     record: RolloutRecord,
     secret_field: str,

@@ -8,7 +8,7 @@ from typing import Any, Generic
 from rollout_sdk.context import AgentWorkflowContext, TConfig
 
 
-class AgentWorkflow(ABC, Generic[TConfig]):
+class AgentWorkflow(ABC, Generic[TConfig]):  # noqa: UP046 (TConfig is shared with the context)
     """Subclass it and implement ``run``. A fresh instance (with a deep copy of the
     config) runs each rollout, so state on ``self`` never leaks between rollouts."""
 

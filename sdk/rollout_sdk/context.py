@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from rollout_sdk.types.config import AgentWorkflowConfig
 from rollout_sdk.types.sample import RolloutSample, RolloutStatus
@@ -162,7 +162,7 @@ TConfig = TypeVar("TConfig", bound=AgentWorkflowConfig)
 
 
 @dataclass
-class AgentWorkflowContext(Generic[TConfig]):
+class AgentWorkflowContext[TConfig: AgentWorkflowConfig]:
     """What ``AgentWorkflow.run`` gets. The label is deliberately absent: grading's job."""
 
     prompt: list[dict[str, Any]]

@@ -13,9 +13,7 @@ import inspect
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar, Union, cast
-
-F = TypeVar("F", bound=Callable[..., Any])
+from typing import Any, Union, cast
 
 _CLASSIC_FIRST_PARAM = "solution_str"
 
@@ -146,7 +144,9 @@ def _rubric_arguments_checker(func: Callable[..., Any]) -> Callable[..., None]:
     return check
 
 
-def _wrap(func: F, *, classic: bool, check_arguments: Callable[..., None] | None = None) -> F:
+def _wrap[F: Callable[..., Any]](
+    func: F, *, classic: bool, check_arguments: Callable[..., None] | None = None
+) -> F:
     """The wrapper both decorators share: drop ``data_source`` when the function cannot take
     it, check a classic function's arguments (rubrics) and float result."""
     drop_data_source = not _accepts_data_source(func)
@@ -180,7 +180,7 @@ def _is_classic(func: Callable[..., Any]) -> bool:
     return bool(params) and params[0] == _CLASSIC_FIRST_PARAM
 
 
-def osmosis_reward(func: F) -> F:
+def osmosis_reward[F: Callable[..., Any]](func: F) -> F:
     """Wrap a (sync or async) reward function, validating classic signatures:
     ``(solution_str: str, ground_truth: str, extra_info: dict = None, **kwargs) -> float``."""
     classic = _is_classic(func)
@@ -189,7 +189,7 @@ def osmosis_reward(func: F) -> F:
     return _wrap(func, classic=classic)
 
 
-def osmosis_rubric(func: F) -> F:
+def osmosis_rubric[F: Callable[..., Any]](func: F) -> F:
     """Wrap a (sync or async) rubric function, validating classic signatures:
     ``(solution_str: str, ground_truth: str | None, extra_info: dict) -> float``, where
     ``extra_info`` carries what the rubric needs (typically provider, model and rubric text

@@ -22,6 +22,13 @@ from rollout_sdk.compat import (
 from rollout_sdk.loader import AgentLoadError, import_agent_module
 
 
+@pytest.fixture(autouse=True)
+def no_alias_yet() -> None:
+    """Each test starts without the alias: loading an agent elsewhere in the session installs
+    it for the whole process."""
+    uninstall_osmosis_alias()
+
+
 @pytest.fixture
 def alias() -> Iterator[None]:
     assert install_osmosis_alias()
