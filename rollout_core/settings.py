@@ -217,6 +217,18 @@ class FleetSettings(BaseSettings):
         "(vLLM's return_token_ids and logprobs, unless the call sets them) and keep what it "
         "returns in the rollout's record, for `rollout-fleet export`; false: neither.",
     )
+    sandbox_slots: int | None = Field(
+        None,
+        ge=1,
+        description="Sandboxed rollouts (HarborBackend): sandboxes one worker process runs at "
+        "once, apart from its rollout slots (waiting rollouts hold a slot, not a sandbox); "
+        "default the agent's TrialQueue(n_concurrent=...).",
+    )
+    sandbox_build_network: str | None = Field(
+        None,
+        description="Sandboxed rollouts: the network the task images' builds use (`host` where "
+        "the engine's own has no way out); default the engine's.",
+    )
     tracing: bool = Field(
         False,
         description="OpenTelemetry: one trace per rollout (gateway, worker, TrainGate calls), "

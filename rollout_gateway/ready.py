@@ -35,6 +35,10 @@ class Readiness(BaseModel):
     """Worker processes whose heartbeat is current."""
     capacity: int = 0
     """Rollouts those workers can run at once."""
+    sandbox_slots: int = 0
+    """Sandboxed rollouts: sandboxes those workers run at most at once (0: none runs any)."""
+    sandboxes: int = 0
+    """Sandboxes they run now."""
     get_tools: str = "ok"
     """v1: ``ok``, or why admissions are refused (every get_tools thread held)."""
     durability: str = "ok"
@@ -75,6 +79,8 @@ async def ready(gateway: GatewayDep) -> JSONResponse:
         return JSONResponse(readiness.model_dump(), status_code=503)
     readiness.workers = workers.count
     readiness.capacity = workers.slots
+    readiness.sandbox_slots = workers.sandbox_slots
+    readiness.sandboxes = workers.sandboxes
     readiness.durability = data_loss or "ok"
     readiness.replicas = shortfall or "ok"
     readiness.queue = shared or "ok"

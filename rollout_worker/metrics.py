@@ -41,6 +41,21 @@ FINISHED = Counter(
     "Rollouts a worker took to a terminal status, by status and error category ('' for success)",
     ["protocol", "status", "error_category"],
 )
+SANDBOXES_RUNNING = Gauge(
+    "rollout_fleet_worker_sandboxes_running",
+    "Sandboxed rollouts (HarborBackend): trials this worker process runs now",
+    multiprocess_mode="livesum",
+)
+SANDBOX_SLOTS = Gauge(
+    "rollout_fleet_worker_sandbox_slots",
+    "Sandboxed rollouts: trials this worker process runs at most at once",
+    multiprocess_mode="livesum",
+)
+SANDBOXES_REMOVED = Counter(
+    "rollout_fleet_sandboxes_removed",
+    "Sandboxes removed because their execution no longer held the rollout (a worker killed, "
+    "frozen past its lease)",
+)
 TRAINGATE_CALLS = Counter(
     "rollout_fleet_traingate_requests",
     "Requests to the TrainGate (kind: chat or callback) by outcome: the status class, "

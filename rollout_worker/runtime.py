@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from rollout_worker.deadline import ExitDeadline
 from rollout_worker.execution import Carrier, Executor
 from rollout_worker.intake import TAKE_WAIT_SECONDS, Intake
 from rollout_worker.loop import LoopThread
+from rollout_worker.sandboxes import SandboxJanitor
 from rollout_worker.sweeper import Sweeper
 from rollout_worker.task_events import OUTBOX
 from rollout_worker.trajectories import TrajectorySink
@@ -68,6 +69,7 @@ def _carriers(
     http: HttpClientShards,
     box: SecretBox,
     ownership: OwnershipLog,
+    fleet: str,
 ) -> tuple[list[Carrier], Protocol]:
     """A carrier for each generation, and the one the agent speaks (the other only refuses)."""
     loop, bundle = (agent, None) if isinstance(agent, RolloutAgentLoop) else (None, agent)
@@ -88,9 +90,30 @@ def _carriers(
             settings.max_rollout_seconds,
             settings.token_ids,
             ownership,
+            fleet=fleet,
         ),
     ]
     return carriers, carriers[0].protocol if loop is not None else carriers[1].protocol
+
+
+async def sandbox_fleet(store: RecordStore) -> str:
+    """The fleet's name on a Docker engine: its key prefix and deployment id (a uuid kept in
+    Redis), since fleets on other Redis databases or servers may share the prefix and the
+    engine, and one must never judge another's sandboxes."""
+    return f"{store.keys.prefix}@{await store.deployment_id(str(uuid.uuid4()))}"
+
+
+def sandbox_figures(agent: Agent) -> tuple[int, int]:
+    """Sandboxes an agent's backend runs at most at once and runs now ((0, 0): none), also
+    published as this process's metrics."""
+    figures = getattr(agent, "sandbox_figures", None)
+    if not callable(figures):
+        return 0, 0
+    found = figures()
+    slots, running = int(found.get("slots", 0)), int(found.get("running", 0))
+    metrics.SANDBOX_SLOTS.set(slots)
+    metrics.SANDBOXES_RUNNING.set(running)
+    return slots, running
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,7 @@ class _OnLoop:
     sweeper: Sweeper
     intake: Intake
     ownership: OwnershipLog
+    fleet: str  # what this fleet's sandboxes are labelled with
 
     @classmethod
     async def open(
@@ -121,7 +145,14 @@ class _OnLoop:
         # Upstream's OTLP ownership logs (OSMOSIS_ROLLOUT_OTLP_ENDPOINT), owned by this worker.
         ownership = OwnershipLog(owner_from_env(default_server_id=worker))
         ownership.start()
-        carriers, speaks = _carriers(agent, settings, http, box, ownership)
+        configure = getattr(agent, "configure", None)
+        if callable(configure):  # a sandboxed agent's backend takes this worker's limits
+            configure(
+                sandbox_slots=settings.sandbox_slots,
+                build_network=settings.sandbox_build_network,
+            )
+        fleet = await sandbox_fleet(store)
+        carriers, speaks = _carriers(agent, settings, http, box, ownership, fleet)
 
         def requeue_message(key: RecordKey) -> str:
             return task_message(app, key, store.keys.record_id(key), store.queue)
@@ -140,7 +171,7 @@ class _OnLoop:
             requeue_message,
         )
         sweeper = Sweeper(store, requeue_message, settings)
-        return cls(store, http, executor, sweeper, intake, ownership)
+        return cls(store, http, executor, sweeper, intake, ownership, fleet)
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -155,6 +186,7 @@ class WorkerRuntime:
         self, settings: FleetSettings, app: Celery, agent: Agent, concurrency: int
     ) -> None:
         self.settings = settings
+        self.agent = agent
         self.concurrency = concurrency
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.ready = False
@@ -204,8 +236,16 @@ class WorkerRuntime:
                 "revoke-check": every(REVOKE_CHECK_SECONDS, self._cancel_revoked),
                 "durability-check": every(DURABILITY_CHECK_SECONDS, self._check_durability),
                 "stop-listener": self._listen_for_stops(),
+                **self._sandbox_chores(),
             }
         )
+
+    def _sandbox_chores(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """With a sandboxed agent: the removal of sandboxes nobody owns (``sandboxes.py``)."""
+        if not callable(getattr(self.agent, "sandbox_figures", None)):
+            return {}
+        janitor = SandboxJanitor(self._on_loop.store, self._on_loop.fleet, self.settings)
+        return {"sandbox-janitor": every(self.settings.sweep_interval_seconds, janitor.sweep)}
 
     def stop(self) -> None:
         """Celery's worker has stopped: wait for the wind-down (rollouts finished or handed
@@ -328,12 +368,15 @@ class WorkerRuntime:
         await executor.renew_leases()
         if not self.ready:
             return
+        slots, sandboxes = sandbox_figures(self.agent)
         beat = WorkerBeat(
             worker=self.name,
             pid=os.getpid(),
             concurrency=self.concurrency,
             inflight=len(executor.leases),
             at=await self._on_loop.store.clock(),
+            sandbox_slots=slots,
+            sandboxes=sandboxes,
         )
         await self._on_loop.store.beat(beat, max(3, int(self.settings.lease_seconds)))
         if self.consuming():

@@ -22,11 +22,15 @@ from collections.abc import AsyncIterator
 from rollout_core.protocols.v2 import PROTOCOL, request_from_record
 from rollout_core.secrets import SecretBox
 from rollout_core.store import Advance, Claim, Protocol, RecordField, Status, Verdict
+from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
+from rollout_sdk.backend.harbor.sandbox import SandboxOwner, current_owner
 from rollout_sdk.client import Turn, TurnRecorder, recording_turns
 from rollout_sdk.context import RolloutContext, RolloutProgress
 from rollout_sdk.server.ownership import Fields, OwnershipLog
 from rollout_sdk.types import (
+    ExecutionOutcome,
+    ExecutionRequest,
     RolloutErrorCategory,
     RolloutInitRequest,
     RolloutResultResponse,
@@ -90,21 +94,25 @@ class V2Carrier:
 
     def __init__(
         self,
-        bundle: WorkflowBundle | None,  # None: this worker only refuses v2 rollouts
+        agent: WorkflowBundle | ExecutionBackend | None,  # None: only refuses v2 rollouts
         box: SecretBox,
         retention_seconds: float,
         time_limit: float,
         token_ids: bool = True,
         ownership: OwnershipLog | None = None,
+        fleet: str = "",
     ) -> None:
         self.retention_seconds = retention_seconds
         self._ownership = ownership or OwnershipLog()
-        self._bundle = bundle
+        # A backend (HarborBackend) runs each rollout its own way and limits itself.
+        self._backend = agent if isinstance(agent, ExecutionBackend) else None
+        self._bundle = agent if isinstance(agent, WorkflowBundle) else None
         self._token_ids = token_ids
         self._box = box
+        self._fleet = fleet  # the key prefix: sandboxes are labelled with it
         self._time_limit = time_limit  # seconds on this worker; 0: none
         # The workflow config's max_concurrent applies per worker process.
-        limit = bundle.max_concurrent if bundle is not None else None
+        limit = self._bundle.max_concurrent if self._bundle is not None else None
         self._slots = asyncio.Semaphore(limit) if limit else None
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
@@ -167,7 +175,6 @@ class V2Carrier:
             rollout_id=request.rollout_id,
             progress=RolloutProgress(status=RolloutStatus.RUNNING, on_status=report),
         )
-        assert self._bundle is not None, "a v2 rollout reached a worker without a v2 workflow"
         execution = request.execution_request()
         waiting_since = time.monotonic()
         async with self._slot():
@@ -175,9 +182,16 @@ class V2Carrier:
             try:
                 async with asyncio.timeout(self._time_limit or None):
                     try:
-                        outcome = await execute_rollout(
-                            self._bundle, execution, ctx, queued_sec=queued_sec
-                        )
+                        if self._backend is not None:
+                            owner = SandboxOwner(
+                                self._fleet, lease.key, request.rollout_id, lease.execution
+                            )
+                            outcome = await self._on_backend(self._backend, execution, ctx, owner)
+                        else:
+                            assert self._bundle is not None, "a v2 rollout reached a v1 worker"
+                            outcome = await execute_rollout(
+                                self._bundle, execution, ctx, queued_sec=queued_sec
+                            )
                     finally:
                         await grading.settle()
             except TimeoutError:
@@ -194,6 +208,21 @@ class V2Carrier:
         differs = sample is not None and trajectory != list(sample.messages)
         kept = json.dumps(trajectory, default=str) if trajectory and differs else ""
         return wire_result(request.rollout_id, outcome.result), kept
+
+    @staticmethod
+    async def _on_backend(
+        backend: ExecutionBackend,
+        execution: ExecutionRequest,
+        ctx: RolloutContext,
+        owner: SandboxOwner,
+    ) -> ExecutionOutcome:
+        """One rollout on the agent's own backend, its sandbox labelled for this execution."""
+        token = current_owner.set(owner)
+        try:
+            with ctx:
+                return await backend.execute(execution)
+        finally:
+            current_owner.reset(token)
 
     async def _record(
         self,

@@ -50,6 +50,8 @@ class WorkerBeat(BaseModel):
     concurrency: int
     inflight: int
     at: float
+    sandbox_slots: int = 0  # sandboxed rollouts: trials it runs at most at once
+    sandboxes: int = 0  # and runs now
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,16 @@ class FleetWorkers:
     def slots(self) -> int:
         """Rollouts they can run at once: the fleet's capacity."""
         return sum(beat.concurrency for beat in self.beats)
+
+    @property
+    def sandbox_slots(self) -> int:
+        """Sandboxes they can run at once (0: no worker runs a sandboxed agent)."""
+        return sum(beat.sandbox_slots for beat in self.beats)
+
+    @property
+    def sandboxes(self) -> int:
+        """Sandboxes they run now."""
+        return sum(beat.sandboxes for beat in self.beats)
 
 
 @dataclass(frozen=True)

@@ -506,6 +506,11 @@ class RecordStore:
             return RolloutRecord.parse(cast(dict[str, str], await self._redis.hgetall(key)))
         return _record(fields, cast(list[str | None], await self._redis.hmget(key, list(fields))))
 
+    async def execution_of(self, key: RecordKey) -> str:
+        """The execution holding ``key``'s worker lease; "" when none does (finished, waiting
+        for a worker, gone)."""
+        return cast(str | None, await self._redis.hget(key, RecordField.EXECUTION)) or ""
+
     async def cancel(
         self, cancelled_results: Mapping[RecordKey, str], retention_seconds: float
     ) -> dict[RecordKey, CancelOutcome]:

@@ -10,12 +10,16 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.execution import WorkflowBundle
+from rollout_sdk.backend.local import LocalBackend
 from rollout_sdk.compat import ALIAS_ENV, UPSTREAM, AliasSettingError, install_osmosis_alias
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.discovery import DiscoveryError, bundle_for, discover_workflow
 
-Agent = RolloutAgentLoop | WorkflowBundle
+# A v1 agent loop; a v2 workflow (run in the worker's process); or a backend that runs each
+# rollout its own way (HarborBackend: in a sandbox), which the worker calls as is.
+Agent = RolloutAgentLoop | WorkflowBundle | ExecutionBackend
 """A loaded agent: a v1 agent loop, or a v2 workflow with its grader and configs."""
 
 
@@ -131,6 +135,31 @@ def _v1_instances(module: ModuleType) -> list[RolloutAgentLoop]:
     )
 
 
+def own_backend(module: ModuleType, entrypoint: str) -> ExecutionBackend | None:
+    """A backend that runs rollouts its own way (not a LocalBackend): one at module level or
+    behind a module-level app, or the one ``main()`` builds when the module imports such a
+    backend class and defines ``main`` (upstream's Harbor rollout folders)."""
+    for value in vars(module).values():
+        served = getattr(getattr(value, "state", None), "backend", None)
+        for candidate in (value, served):
+            if isinstance(candidate, ExecutionBackend) and not isinstance(candidate, LocalBackend):
+                return candidate
+    main = getattr(module, "main", None)
+    builds_one = any(
+        inspect.isclass(v) and issubclass(v, ExecutionBackend) and v is not LocalBackend
+        and v is not ExecutionBackend
+        for v in vars(module).values()
+    )  # fmt: skip
+    if callable(main) and builds_one:
+        from rollout_sdk.server.capture import NoBackendError, backend_from_main
+
+        try:
+            return backend_from_main(main, entrypoint)
+        except NoBackendError as exc:
+            raise AgentLoadError(str(exc)) from None
+    return None
+
+
 def load_agent(reference: str) -> Agent:
     """Resolve a reference to either generation's agent.
 
@@ -143,13 +172,21 @@ def load_agent(reference: str) -> Agent:
     try:
         if attr is None:
             loops = _v1_instances(module)
-            return loops[0] if len(loops) == 1 else discover_workflow(module, target)
+            if len(loops) == 1:
+                return loops[0]
+            backend = own_backend(module, target)
+            return backend if backend is not None else discover_workflow(module, target)
         if not hasattr(module, attr):
             raise AgentLoadError(
                 f"{target!r} has no attribute {attr!r}; available: "
                 f"{', '.join(_public_names(module))}"
             )
         value = getattr(module, attr)
+        if isinstance(value, ExecutionBackend) and not isinstance(value, LocalBackend):
+            return value
+        served = getattr(getattr(value, "state", None), "backend", None)
+        if isinstance(served, ExecutionBackend) and not isinstance(served, LocalBackend):
+            return served
         bundle = bundle_for(value, module, target)
         return bundle if bundle is not None else _as_agent_loop(value, reference)
     except DiscoveryError as exc:

@@ -9,6 +9,11 @@ from rollout_sdk.types.sample import ExecutionOutcome, ExecutionRequest
 
 
 class ExecutionBackend(ABC):
+    @property
+    def name(self) -> str:
+        """What logs, readiness and Flower call the agent this backend runs."""
+        return type(self).__name__
+
     @abstractmethod
     async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
         """Run one rollout to its outcome (the active RolloutContext is already set)."""

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
 from rollout_sdk.client import OsmosisLLMClient
 from rollout_sdk.config import RolloutSettings, get_settings
@@ -199,7 +200,11 @@ class LocalRunner:
         )
 
     async def _run_v2(
-        self, bundle: WorkflowBundle, row: DatasetRow, rollout_id: str, extra: dict[str, Any]
+        self,
+        agent: WorkflowBundle | ExecutionBackend,
+        row: DatasetRow,
+        rollout_id: str,
+        extra: dict[str, Any],
     ) -> RowResult:
         request = ExecutionRequest(
             id=rollout_id,
@@ -214,7 +219,11 @@ class LocalRunner:
             api_key=None,
             rollout_id=rollout_id,
         )
-        result = (await execute_rollout(bundle, request, ctx)).result
+        if isinstance(agent, ExecutionBackend):  # runs the rollout its own way (a sandbox)
+            with ctx:
+                result = (await agent.execute(request)).result
+        else:
+            result = (await execute_rollout(agent, request, ctx)).result
         return v2_row_result(row.index, rollout_id, result)
 
     async def _write_trace(self, result: RowResult) -> None:

@@ -27,6 +27,7 @@ from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.errors import categorize_exception
 from rollout_sdk.context import RolloutContext, RolloutProgress
 from rollout_sdk.server.auth import require_bearer
+from rollout_sdk.server.capture import BackendCaptured, capturing
 from rollout_sdk.server.http import install_error_handlers, settle_heap
 from rollout_sdk.server.lease import LeaseManager, UnknownLeaseError, new_lease_token
 from rollout_sdk.server.ownership import OwnershipLog
@@ -315,6 +316,8 @@ def create_rollout_server(
     api_key: str | None = None,
 ) -> FastAPI:
     """Serve ``backend`` with the v2 poll/lease protocol from this process."""
+    if capturing():  # a fleet worker is taking the backend out of main() (capture.py)
+        raise BackendCaptured(backend, lifespan)
     check_timeouts(result_wait_timeout_sec, polling_lease_timeout_sec, result_retention_sec)
     if configure_logging and not logging.getLogger().handlers:
         logging.basicConfig(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rollout_sdk import _compat
 from rollout_sdk._compat import missing_server_extra
+from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
@@ -29,6 +30,9 @@ def validate_and_report(agent: Agent, *, verbose: bool = False) -> ValidationRes
     if isinstance(agent, RolloutAgentLoop):
         kind, result = "Agent loop", validate_agent_loop(agent)
         facts = [f"Tools: {result.tool_count}"]
+    elif isinstance(agent, ExecutionBackend):  # built and checked by its own constructor
+        kind, result = "Backend", ValidationResult(valid=True, agent_name=agent.name)
+        facts = [f"Runs rollouts on: {type(agent).__name__}"]
     else:
         kind, result = "Agent workflow", validate_workflow(agent)
         grader = agent.grader_cls.__name__ if agent.grader_cls else "none"

@@ -1,0 +1,367 @@
+"""``HarborBackend``: each rollout one Harbor trial in a sandbox of its own (SDK.md §2.8).
+
+The ``harbor`` package does the work: it starts the task's environment, runs the agent in it
+(a Harbor agent such as ``oracle`` or ``terminus-2``, given the TrainGate as its model), and
+grades with the task's ``tests/test.sh``. This class chooses the task, names and labels the
+trial's sandbox for the execution that owns it (``sandbox.py``), limits how many sandboxes
+run at once, reuses one image per task (``tasks.py``), removes the sandbox whatever ends the
+trial, and turns the trial's result into the rollout's (``results.py``).
+
+The constructor takes upstream's arguments. Those a fleet cannot honour are refused at
+construction with what to do instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from harbor.models.environment_type import EnvironmentType
+from harbor.models.trial.config import AgentConfig as HarborAgentConfig
+from harbor.models.trial.config import EnvironmentConfig as HarborEnvironmentConfig
+from harbor.models.trial.config import TaskConfig, TrialConfig, VerifierConfig
+from harbor.trial.trial import Trial
+
+from rollout_sdk.backend.base import ExecutionBackend
+from rollout_sdk.backend.harbor import results
+from rollout_sdk.backend.harbor.sandbox import (
+    EngineError,
+    SandboxOwner,
+    current_owner,
+    remove_trial,
+    write_overlay,
+)
+from rollout_sdk.backend.harbor.tasks import PreparedTasks, TaskError, TaskMode, task_folder
+from rollout_sdk.context import get_rollout_context
+from rollout_sdk.types.sample import (
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
+    RolloutErrorCategory,
+    RolloutStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+# Harbor's agents that talk to no model: their rollouts carry no trajectory to train on.
+SILENT_AGENTS = frozenset({"oracle", "nop"})
+DEFAULT_SANDBOX_SLOTS = 8  # upstream's template: TrialQueue(n_concurrent=8)
+
+
+class HarborBackendError(ValueError):
+    """A HarborBackend option this deployment cannot honour; the message says what instead."""
+
+
+def _slots_of(orchestrator: Any) -> int:
+    for name in ("n_concurrent", "_n_concurrent", "n_concurrent_trials"):
+        value = getattr(orchestrator, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_SANDBOX_SLOTS
+
+
+class HarborBackend(ExecutionBackend):
+    def __init__(
+        self,
+        *,
+        orchestrator: Any = None,
+        tasks_dir: Path | str,
+        agent: str | type | None = None,
+        native_agent_kwargs: dict[str, Any] | None = None,
+        task_mode: TaskMode | str = TaskMode.TEMPLATE,
+        model_name: str = "openai/osmosis-rollout",
+        grader: type | str | None = None,
+        workflow_config: Any = None,
+        grader_config: Any = None,
+        code_dir: Path | str | None = None,
+        bundle: Path | str | None = None,
+        environment_config: HarborEnvironmentConfig | None = None,
+        trials_dir: Path | str | None = None,
+        cleanup_successful_trials: bool = True,
+        patch_dockerfile_with_sdk: bool | None = None,
+        agent_setup_timeout_sec: float | None = None,
+        max_queue_depth: int | None = None,
+        prewarm: str | bool | None = None,
+        verified_tasks: Any = False,
+    ) -> None:
+        self.tasks_dir = Path(tasks_dir).resolve()
+        try:
+            self.task_mode = TaskMode(task_mode)
+        except ValueError:
+            raise HarborBackendError(
+                f"task_mode={task_mode!r} is not a task mode: use 'template' or 'dataset'"
+            ) from None
+        if agent is None:
+            raise HarborBackendError("pass agent=: a Harbor agent name such as 'oracle'")
+        if not isinstance(agent, str):
+            raise HarborBackendError(
+                f"agent={getattr(agent, '__name__', agent)!r}: running an AgentWorkflow inside "
+                "the sandbox is not supported by this fleet yet; pass a Harbor agent name "
+                "('oracle', 'terminus-2', ...) or run the workflow with LocalBackend"
+            )
+        if grader is not None:
+            raise HarborBackendError(
+                "grader=: a Grader delivered into the sandbox is not supported by this fleet "
+                "yet; leave grader out to grade with the task's tests/test.sh"
+            )
+        self.agent = agent
+        self.native_agent_kwargs = dict(native_agent_kwargs or {})
+        self.model_name = model_name
+        self.workflow_config = workflow_config
+        self.grader_config = grader_config
+        self.code_dir = Path(code_dir) if code_dir else None
+        self.environment_config = (
+            environment_config.model_copy(deep=True)
+            if environment_config is not None
+            else HarborEnvironmentConfig(type=EnvironmentType.DOCKER)
+        )
+        kind = self.environment_config.type
+        if kind not in (None, EnvironmentType.DOCKER):
+            raise HarborBackendError(
+                f"environment_config.type={kind.value!r}: this fleet runs sandboxes on a "
+                "Docker engine (DOCKER_HOST); use EnvironmentType.DOCKER"
+            )
+        self.environment_config.type = EnvironmentType.DOCKER
+        root = Path(tempfile.gettempdir()) / f"rollout-harbor-{os.getuid()}"
+        self.trials_dir = Path(trials_dir) if trials_dir else root / "trials"
+        self.trials_dir.mkdir(parents=True, exist_ok=True)
+        self.scratch = root / "overlays"
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.cleanup_successful_trials = cleanup_successful_trials
+        self.agent_setup_timeout_sec = agent_setup_timeout_sec
+        if max_queue_depth is not None and max_queue_depth < 1:
+            raise HarborBackendError("max_queue_depth must be 1 or more, or None for unbounded")
+        self.max_queue_depth = max_queue_depth
+        self.prewarm_mode = prewarm
+        self.sandbox_slots = _slots_of(orchestrator)
+        self.build_network: str | None = None
+        self.tasks = PreparedTasks(root / "tasks")
+        self._slots: asyncio.Semaphore | None = None
+        self.queued = 0
+        self.running = 0
+        self._trials: dict[str, asyncio.Task[Any]] = {}
+
+    @property
+    def name(self) -> str:
+        return f"harbor:{self.agent}@{self.tasks_dir.name}"
+
+    # --- settings a fleet gives -------------------------------------------------------------
+
+    def configure(self, *, sandbox_slots: int | None, build_network: str | None) -> None:
+        """The worker's own limits: sandboxes at once, and the network image builds use."""
+        if sandbox_slots:
+            self.sandbox_slots = sandbox_slots
+        self.build_network = build_network
+        self.tasks.build_network = build_network
+
+    # --- ExecutionBackend -------------------------------------------------------------------
+
+    def has_capacity(self) -> bool:
+        if self.max_queue_depth is None:
+            return True
+        return self.queued + self.running < self.max_queue_depth
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "max_queue_depth": self.max_queue_depth,
+            "concurrency": {
+                "max_concurrent": self.sandbox_slots,
+                "queued": self.queued,
+                "running": self.running,
+            },
+            "sandboxes": self.sandbox_figures(),
+        }
+
+    def sandbox_figures(self) -> dict[str, int]:
+        return {"slots": self.sandbox_slots, "running": self.running, "waiting": self.queued}
+
+    def cancel_rollouts(
+        self, ids: list[str] | None = None, prefix: str | None = None, all: bool = False
+    ) -> dict[str, str]:
+        cancelled: dict[str, str] = {}
+        for rollout_id, task in list(self._trials.items()):
+            if all or (ids and rollout_id in ids) or (prefix and rollout_id.startswith(prefix)):
+                task.cancel()
+                cancelled[rollout_id] = "cancelled"
+        return cancelled
+
+    async def prewarm(self, tasks: Any = None) -> None:
+        """Build the images of the configured tasks before rollouts arrive."""
+        folders: list[Path] = []
+        if self.task_mode is TaskMode.TEMPLATE:
+            folders.append(self.tasks_dir)
+        else:
+            folders.extend(
+                p for p in sorted(self.tasks_dir.iterdir()) if (p / "task.toml").is_file()
+            )
+        for folder in folders:
+            await self.tasks.prepare(folder)
+
+    def prewarm_lifespan(self, tasks: Any = None) -> Any:
+        """An ASGI lifespan that prewarms before serving (upstream's name)."""
+        from contextlib import asynccontextmanager
+
+        backend = self
+
+        @asynccontextmanager
+        async def lifespan(app: Any) -> Any:
+            if backend.prewarm_mode not in (False, "off"):
+                await backend.prewarm(tasks)
+            yield
+
+        return lifespan
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        ctx = get_rollout_context()
+        owner = current_owner.get() or SandboxOwner(
+            fleet="local",
+            record=request.id,
+            rollout=request.id,
+            execution=f"{os.getpid()}:{uuid.uuid4().hex[:12]}",
+        )
+        try:
+            folder = task_folder(self.tasks_dir, self.task_mode, request.metadata)
+            if isinstance(folder, str):
+                folder = await self._fetch(folder, request.metadata or {})
+            prepared = await self.tasks.prepare(folder)
+        except (TaskError, OSError) as exc:
+            return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
+        except EngineError as exc:
+            return _failed(
+                f"the sandbox image is not ready: {exc}", RolloutErrorCategory.INTERNAL_ERROR
+            )
+        if self._slots is None:  # made on first use: configure() may change the limit
+            self._slots = asyncio.Semaphore(self.sandbox_slots)
+        current = asyncio.current_task()
+        if current is not None:
+            self._trials[request.id] = current
+        self.queued += 1
+        try:
+            try:
+                await self._slots.acquire()
+            finally:
+                self.queued -= 1
+            try:
+                self.running += 1
+                return await self._trial(request, prepared, owner, ctx)
+            finally:
+                self.running -= 1
+                self._slots.release()
+        finally:
+            self._trials.pop(request.id, None)
+
+    async def _fetch(self, reference: str, metadata: dict[str, Any]) -> Path:
+        from harbor.models.task.id import GitTaskId, PackageTaskId
+        from harbor.tasks.client import TaskClient
+
+        task_id: Any
+        if metadata.get("git_url"):
+            task_id = GitTaskId(
+                git_url=metadata["git_url"],
+                git_commit_id=metadata.get("git_commit_id"),
+                path=Path(reference),
+            )
+        else:
+            name, _, ref = reference.partition("@")
+            org, slash, task = name.partition("/")
+            if not slash:
+                raise TaskError(
+                    f"metadata['harbor_task']={reference!r} must be a path (./, /, ~), a "
+                    "package 'org/name[@ref]', or a git checkout (with metadata['git_url'])"
+                )
+            task_id = PackageTaskId(org=org, name=task, ref=ref or "latest")
+        batch = await TaskClient().download_tasks([task_id])
+        return Path(batch.paths[0])
+
+    def _agent_config(self, request: ExecutionRequest, ctx: Any) -> HarborAgentConfig:
+        metadata = request.metadata or {}
+        if self.agent in SILENT_AGENTS:
+            config = HarborAgentConfig(name=self.agent, kwargs=dict(self.native_agent_kwargs))
+        else:
+            url = (ctx.chat_completions_url if ctx else "") or ""
+            if not url:
+                raise TaskError(f"agent {self.agent!r} needs the rollout's chat endpoint")
+            base_url = url.removesuffix("/chat/completions")
+            config = HarborAgentConfig(
+                name=self.agent,
+                model_name=str(metadata.get("harbor_model") or self.model_name),
+                base_url=base_url,
+                kwargs={"api_base": base_url, **self.native_agent_kwargs},
+                env={"OPENAI_API_KEY": (ctx.api_key if ctx else None) or "unused"},
+            )
+        if request.agent_timeout_sec is not None:
+            config.override_timeout_sec = request.agent_timeout_sec
+        if self.agent_setup_timeout_sec is not None:
+            config.override_setup_timeout_sec = self.agent_setup_timeout_sec
+        return config
+
+    async def _trial(
+        self, request: ExecutionRequest, task: Path, owner: SandboxOwner, ctx: Any
+    ) -> ExecutionOutcome:
+        overlay = write_overlay(owner, self.scratch)
+        environment = self.environment_config.model_copy(deep=True)
+        environment.extra_docker_compose = [*environment.extra_docker_compose, overlay]
+        environment.delete = True
+        verifier = VerifierConfig(disable=not request.grade or not (task / "tests").is_dir())
+        if request.grader_timeout_sec is not None:
+            verifier.override_timeout_sec = request.grader_timeout_sec
+        try:
+            agent = self._agent_config(request, ctx)
+        except TaskError as exc:
+            return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
+        config = TrialConfig(
+            task=TaskConfig(path=task),
+            trial_name=owner.trial_name,
+            trials_dir=self.trials_dir,
+            agent=agent,
+            environment=environment,
+            verifier=verifier,
+        )
+        trial_dir = self.trials_dir / owner.trial_name
+        succeeded = False
+        try:
+            trial = await Trial.create(config)
+            result = await trial.run()
+            done = results.outcome(
+                result, list(request.prompt), trial_dir, graded=not verifier.disable
+            )
+            succeeded = done.result.status is RolloutStatus.SUCCESS
+            return done
+        finally:
+            await _settle(remove_trial(owner.trial_name))
+            overlay.unlink(missing_ok=True)
+            if succeeded and self.cleanup_successful_trials:
+                shutil.rmtree(trial_dir, ignore_errors=True)
+
+
+async def _settle(work: Any) -> None:
+    """Finish ``work`` even while the caller is being cancelled (the sandbox must go)."""
+    job = asyncio.ensure_future(work)
+    while not job.done():
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            continue
+        except Exception:
+            logger.warning("could not remove a sandbox; the fleet's sweep will", exc_info=True)
+            return
+    if not job.cancelled() and job.exception() is not None:
+        logger.warning("could not remove a sandbox: %s", job.exception())
+
+
+def _failed(message: str, category: RolloutErrorCategory) -> ExecutionOutcome:
+    return ExecutionOutcome(
+        workflow=ExecutionResult(
+            status=RolloutStatus.FAILURE, err_message=message, err_category=category
+        )
+    )
+
+
+__all__ = ["HarborBackend", "HarborBackendError", "TaskMode"]

@@ -1,0 +1,143 @@
+"""A finished Harbor trial as a rollout's result: reward, timings, trajectory."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from rollout_sdk.types.sample import (
+    ExecutionOutcome,
+    ExecutionResult,
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+# Harbor's phases, by the name the sample's metrics give their seconds.
+PHASES = {
+    "environment_setup_sec": "environment_setup",
+    "agent_setup_sec": "agent_setup",
+    "agent_sec": "agent_execution",
+    "verifier_sec": "verifier",
+}
+TIMEOUT_EXCEPTIONS = ("AgentTimeoutError", "VerifierTimeoutError", "TimeoutError")
+
+
+def timings(result: Any) -> dict[str, float]:
+    """Seconds per phase (and ``trial_sec`` in all) from the trial's own time records."""
+    spans = {name: getattr(result, attr, None) for name, attr in PHASES.items()}
+    spans["trial_sec"] = result
+    found: dict[str, float] = {}
+    for name, span in spans.items():
+        start = getattr(span, "started_at", None)
+        end = getattr(span, "finished_at", None)
+        if start is not None and end is not None:
+            found[name] = round((end - start).total_seconds(), 3)
+    return found
+
+
+def trajectory_messages(trial_dir: Path) -> list[dict[str, Any]]:
+    """The agent's ATIF trajectory (``agent/trajectory.json``) as chat messages: each step's
+    source becomes the role (``agent`` → ``assistant``), its message the content, and each
+    tool call and observation a ``tool_calls`` entry and a ``tool`` message. Empty when the
+    agent wrote none (``oracle`` talks to no model)."""
+    path = trial_dir / "agent" / "trajectory.json"
+    if not path.is_file():
+        return []
+    try:
+        atif = json.loads(path.read_text())
+    except (OSError, ValueError):
+        logger.warning("%s is not JSON; the rollout keeps no trajectory", path)
+        return []
+    messages: list[dict[str, Any]] = []
+    for step in atif.get("steps") or []:
+        role = {"agent": "assistant", "user": "user", "system": "system"}.get(
+            str(step.get("source")), "assistant"
+        )
+        content = step.get("message")
+        message: dict[str, Any] = {
+            "role": role,
+            "content": content if isinstance(content, str) else json.dumps(content),
+        }
+        calls = step.get("tool_calls") or []
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": str(call.get("tool_call_id", "")),
+                    "type": "function",
+                    "function": {
+                        "name": str(call.get("function_name", "")),
+                        "arguments": json.dumps(call.get("arguments") or {}),
+                    },
+                }
+                for call in calls
+            ]
+        messages.append(message)
+        messages.extend(
+            {
+                "role": "tool",
+                "tool_call_id": str(result.get("source_call_id") or ""),
+                "content": str(result.get("content") or ""),
+            }
+            for result in (step.get("observation") or {}).get("results") or []
+        )
+    return messages
+
+
+def outcome(
+    result: Any,
+    prompt: list[dict[str, Any]],
+    trial_dir: Path,
+    *,
+    graded: bool,
+) -> ExecutionOutcome:
+    """The rollout's outcome: success with the verifier's reward, or a failure whose message
+    is the trial's exception (type and message, never a traceback)."""
+    seconds = timings(result)
+    messages = [*prompt, *trajectory_messages(trial_dir)]
+    error = getattr(result, "exception_info", None)
+    rewards = getattr(getattr(result, "verifier_result", None), "rewards", None) or {}
+    reward = rewards.get("reward", next(iter(rewards.values()), None)) if rewards else None
+    sample = RolloutSample(
+        messages=messages,
+        reward=float(reward) if reward is not None else None,
+        metrics={
+            **seconds,
+            **{f"reward_{k}": float(v) for k, v in rewards.items() if k != "reward"},
+        },
+    )
+    if error is not None:
+        category = (
+            RolloutErrorCategory.TIMEOUT
+            if error.exception_type in TIMEOUT_EXCEPTIONS
+            else RolloutErrorCategory.AGENT_ERROR
+        )
+        text = f"{error.exception_type}: {error.exception_message}".strip().rstrip(":")
+        failed = ExecutionResult(
+            status=RolloutStatus.FAILURE,
+            sample=sample,
+            err_message=f"the Harbor trial failed: {text}",
+            err_category=category,
+            extra_fields={"timings": seconds},
+        )
+        return ExecutionOutcome(workflow=failed)
+    if graded and sample.reward is None:
+        missing = ExecutionResult(
+            status=RolloutStatus.FAILURE,
+            sample=sample,
+            err_message="the task's tests gave no reward (tests/test.sh must write "
+            "/logs/verifier/reward.txt or reward.json)",
+            err_category=RolloutErrorCategory.AGENT_ERROR,
+        )
+        return ExecutionOutcome(workflow=missing)
+    done = ExecutionResult(
+        status=RolloutStatus.SUCCESS, sample=sample, extra_fields={"timings": seconds}
+    )
+    return ExecutionOutcome(workflow=done)
+
+
+__all__ = ["PHASES", "outcome", "timings", "trajectory_messages"]

@@ -1,0 +1,151 @@
+"""Which Harbor task a rollout runs, and the prepared copy whose image is built once.
+
+A task is a folder: ``task.toml``, ``instruction.md``, ``environment/Dockerfile`` (or a
+``docker_image`` in ``task.toml``), ``tests/test.sh``. ``template`` mode runs every rollout
+on the one task in ``tasks_dir``; ``dataset`` mode picks ``tasks_dir/<metadata["harbor_task_id"]>``;
+``metadata["harbor_task"]`` names a task folder for one rollout (a path, or what Harbor's task
+client fetches: ``org/name[@ref]``, or a git checkout with ``metadata["git_url"]``).
+
+Images: Harbor builds a task's image for every trial and removes it with the trial. Here the
+image is built once per task content and tagged with its hash (``rollout-fleet-sandbox/<name>:
+<hash>``); trials run a prepared copy of the task that names that image, so every trial and
+every worker on the engine reuses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import tomllib
+import uuid
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from rollout_sdk.backend.harbor.sandbox import docker, image_exists
+
+logger = logging.getLogger(__name__)
+
+IMAGE_REPOSITORY = "rollout-fleet-sandbox"
+
+
+class TaskMode(StrEnum):
+    TEMPLATE = "template"
+    DATASET = "dataset"
+
+
+class TaskError(ValueError):
+    """A rollout names no task, or one that does not exist."""
+
+
+def task_folder(tasks_dir: Path, mode: TaskMode, metadata: dict[str, Any] | None) -> Path | str:
+    """The task folder a rollout runs, or a reference for Harbor's task client."""
+    metadata = metadata or {}
+    reference = metadata.get("harbor_task")
+    if reference:
+        reference = str(reference)
+        if reference.startswith((".", "/", "~")):
+            path = Path(reference).expanduser()
+            if not path.is_absolute():
+                path = (tasks_dir / path).resolve()
+            return _checked(path, "metadata['harbor_task']")
+        return reference
+    if mode is TaskMode.TEMPLATE:
+        return _checked(tasks_dir, "tasks_dir")
+    task_id = metadata.get("harbor_task_id")
+    if not task_id:
+        raise TaskError(
+            "dataset mode needs metadata['harbor_task_id'] (a folder in tasks_dir) or "
+            "metadata['harbor_task'] on every row"
+        )
+    if "/" in str(task_id) or str(task_id) in (".", ".."):
+        raise TaskError(f"metadata['harbor_task_id']={task_id!r} must be one folder name")
+    return _checked(tasks_dir / str(task_id), "metadata['harbor_task_id']")
+
+
+def _checked(path: Path, source: str) -> Path:
+    if not (path / "task.toml").is_file() and not (path / "instruction.md").is_file():
+        raise TaskError(f"{source} names {path}, which is no Harbor task folder (no task.toml)")
+    return path
+
+
+def content_hash(folder: Path, *extra: bytes) -> str:
+    """A hash of every file's path, mode and bytes under ``folder`` (and ``extra``)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode())
+        digest.update(b"\0x" if path.stat().st_mode & 0o111 else b"\0-")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    for part in extra:
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def _image_name(task: Path) -> str:
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in task.name.lower()).strip(".-")
+    return name or "task"
+
+
+class PreparedTasks:
+    """Prepared copies of tasks, each naming its image, built at most once per content."""
+
+    def __init__(self, root: Path, build_network: str | None = None) -> None:
+        self.root = root
+        self.build_network = build_network
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def prepare(self, task: Path) -> Path:
+        """The prepared copy of ``task`` whose image exists on the engine."""
+        key = await asyncio.to_thread(content_hash, task)
+        tag = f"{IMAGE_REPOSITORY}/{_image_name(task)}:{key[:16]}"
+        copy = self.root / key[:16] / task.name
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if not (copy / "task.toml").is_file():
+                await asyncio.to_thread(_copy_naming_image, task, copy, tag)
+            if not await image_exists(tag):
+                await self._build(task, tag)
+        return copy
+
+    async def _build(self, task: Path, tag: str) -> None:
+        configured = _task_config(task).get("environment", {}).get("docker_image")
+        environment = task / "environment"
+        started = asyncio.get_running_loop().time()
+        if (environment / "Dockerfile").is_file():
+            network = ("--network", self.build_network) if self.build_network else ()
+            await docker("build", "-q", *network, "-t", tag, str(environment), seconds=1800)
+        elif configured:
+            await docker("tag", str(configured), tag)
+        else:
+            raise TaskError(f"{task} has neither environment/Dockerfile nor a docker_image")
+        took = asyncio.get_running_loop().time() - started
+        logger.info("sandbox image %s ready in %.1fs", tag, took)
+
+
+def _task_config(task: Path) -> dict[str, Any]:
+    path = task / "task.toml"
+    return tomllib.loads(path.read_text()) if path.is_file() else {}
+
+
+def _copy_naming_image(task: Path, copy: Path, tag: str) -> None:
+    """Write the copy beside its place and rename it there: other workers on this host may
+    prepare the same task at the same time, and the first rename wins."""
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    staging = copy.with_name(f".{copy.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    shutil.copytree(task, staging, symlinks=True)
+    config = _task_config(task)
+    config.setdefault("environment", {})["docker_image"] = tag
+    import toml  # Harbor's own dependency, as Harbor writes task files with it
+
+    # With docker_image set Harbor runs that image and builds nothing.
+    (staging / "task.toml").write_text(toml.dumps(config))
+    try:
+        staging.rename(copy)
+    except OSError:  # another process's copy is in place (the same content)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+__all__ = ["IMAGE_REPOSITORY", "PreparedTasks", "TaskError", "TaskMode", "task_folder"]
