@@ -1,0 +1,107 @@
+"""HarborBackend's choices that need no Docker engine: what it refuses, with what to do
+instead; which task a rollout runs; how a fleet worker takes the backend out of main()."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from harbor.models.environment_type import EnvironmentType
+from harbor.models.trial.config import EnvironmentConfig
+
+from rollout_sdk.agent_workflow import AgentWorkflow
+from rollout_sdk.backend.harbor import HarborBackend, HarborBackendError, TaskMode
+from rollout_sdk.backend.harbor.sandbox import SandboxOwner
+from rollout_sdk.backend.harbor.tasks import TaskError, task_folder
+from rollout_sdk.loader import AgentLoadError, load_agent
+
+
+def a_task(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "task.toml").write_text('version = "1.0"\n')
+    (folder / "instruction.md").write_text("Say hi.\n")
+    return folder
+
+
+class Workflow(AgentWorkflow):  # type: ignore[type-arg]
+    async def run(self, ctx: object) -> None:
+        return None
+
+
+def test_a_workflow_in_the_sandbox_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(HarborBackendError, match=r"^agent='Workflow': running an AgentWorkflow"):
+        HarborBackend(tasks_dir=a_task(tmp_path / "t"), agent=Workflow)
+    with pytest.raises(HarborBackendError, match="leave grader out to grade with the task's"):
+        HarborBackend(tasks_dir=a_task(tmp_path / "u"), agent="oracle", grader="m:G")
+
+
+def test_environments_other_than_docker_and_bad_modes_are_refused(tmp_path: Path) -> None:
+    task = a_task(tmp_path / "t")
+    daytona = EnvironmentConfig(type=EnvironmentType.DAYTONA)
+    with pytest.raises(HarborBackendError, match=r"'daytona': this fleet runs sandboxes on a"):
+        HarborBackend(tasks_dir=task, agent="oracle", environment_config=daytona)
+    with pytest.raises(HarborBackendError, match=r"task_mode='tasks' is not a task mode"):
+        HarborBackend(tasks_dir=task, agent="oracle", task_mode="tasks")
+    with pytest.raises(HarborBackendError, match="max_queue_depth must be 1 or more"):
+        HarborBackend(tasks_dir=task, agent="oracle", max_queue_depth=0)
+
+
+def test_which_task_a_rollout_runs(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    one, two = a_task(tasks / "one"), a_task(tasks / "two")
+    assert task_folder(one, TaskMode.TEMPLATE, None) == one
+    assert task_folder(tasks, TaskMode.DATASET, {"harbor_task_id": "two"}) == two
+    assert task_folder(tasks, TaskMode.DATASET, {"harbor_task": str(one)}) == one
+    assert task_folder(tasks, TaskMode.DATASET, {"harbor_task": "org/name@v1"}) == "org/name@v1"
+    with pytest.raises(TaskError, match=r"dataset mode needs metadata\['harbor_task_id'\]"):
+        task_folder(tasks, TaskMode.DATASET, {})
+    with pytest.raises(TaskError, match="must be one folder name"):
+        task_folder(tasks, TaskMode.DATASET, {"harbor_task_id": "../one"})
+    with pytest.raises(TaskError, match="which is no Harbor task folder"):
+        task_folder(tasks, TaskMode.DATASET, {"harbor_task_id": "three"})
+
+
+def test_trial_names_are_per_execution_and_valid_project_names() -> None:
+    owner = SandboxOwner("rf@d", "rf:v2:é,1", "é,1", "host:1:abcd")
+    other = SandboxOwner("rf@d", "rf:v2:é,1", "é,1", "host:1:abce")
+    assert owner.trial_name != other.trial_name
+    assert owner.trial_name.startswith("rfx-")
+    assert owner.trial_name.replace("-", "").isalnum()
+    assert owner.trial_name.isascii()
+    labels = owner.overlay()["services"]["main"]["labels"]
+    assert labels["org.rollout-fleet.rollout"] == "é,1"  # ids kept as they are
+
+
+def test_a_backend_built_in_main_is_taken_without_serving(tmp_path: Path) -> None:
+    task = a_task(tmp_path / "task")
+    entry = tmp_path / "main.py"
+    entry.write_text(
+        textwrap.dedent(
+            f"""\
+            from harbor.trial.queue import TrialQueue
+            from osmosis_ai.rollout.backend.harbor import HarborBackend
+            from osmosis_ai.rollout.server import create_rollout_server
+
+            def main():
+                backend = HarborBackend(
+                    orchestrator=TrialQueue(n_concurrent=3), tasks_dir={str(task)!r},
+                    agent="oracle",
+                )
+                app = create_rollout_server(backend=backend, lifespan=backend.prewarm_lifespan())
+                raise SystemExit("served: main() went on past create_rollout_server")
+            """
+        )
+    )
+    agent = load_agent(str(entry))
+    assert isinstance(agent, HarborBackend)
+    assert agent.sandbox_figures() == {"slots": 3, "running": 0, "waiting": 0}
+
+
+def test_a_main_that_builds_no_server_is_one_line(tmp_path: Path) -> None:
+    entry = tmp_path / "main.py"
+    entry.write_text(
+        "from osmosis_ai.rollout.backend.harbor import HarborBackend\n\ndef main():\n    pass\n"
+    )
+    with pytest.raises(AgentLoadError, match=r"main\(\) returned without calling create_rollout"):
+        load_agent(str(entry))
