@@ -29,10 +29,12 @@ class Workflow(AgentWorkflow):  # type: ignore[type-arg]
         return None
 
 
-def test_a_workflow_in_the_sandbox_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    with pytest.raises(HarborBackendError, match=r"^agent='Workflow': running an AgentWorkflow"):
-        HarborBackend(tasks_dir=a_task(tmp_path / "t"), agent=Workflow)
-    with pytest.raises(HarborBackendError, match="leave grader out to grade with the task's"):
+def test_what_cannot_go_into_the_sandbox_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    with pytest.raises(HarborBackendError, match=r"outside code_dir=.*: the sandbox gets only"):
+        HarborBackend(tasks_dir=a_task(tmp_path / "t"), agent=Workflow, code_dir=code)
+    with pytest.raises(HarborBackendError, match="such a trial is graded by the task's tests"):
         HarborBackend(tasks_dir=a_task(tmp_path / "u"), agent="oracle", grader="m:G")
 
 

@@ -14,13 +14,16 @@ construction with what to do instead.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from harbor.models.environment_type import EnvironmentType
 from harbor.models.trial.config import AgentConfig as HarborAgentConfig
@@ -30,6 +33,8 @@ from harbor.trial.trial import Trial
 
 from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.harbor import results
+from rollout_sdk.backend.harbor.harness import IMPORT_PATH, STAGED, Staging
+from rollout_sdk.backend.harbor.in_sandbox import StagedRollout
 from rollout_sdk.backend.harbor.sandbox import (
     EngineError,
     SandboxOwner,
@@ -38,6 +43,7 @@ from rollout_sdk.backend.harbor.sandbox import (
     write_overlay,
 )
 from rollout_sdk.backend.harbor.tasks import PreparedTasks, TaskError, TaskMode, task_folder
+from rollout_sdk.backend.harbor.workflows import PackingError, SandboxWorkflow
 from rollout_sdk.context import get_rollout_context
 from rollout_sdk.types.sample import (
     ExecutionOutcome,
@@ -56,6 +62,21 @@ DEFAULT_SANDBOX_SLOTS = 8  # upstream's template: TrialQueue(n_concurrent=8)
 
 class HarborBackendError(ValueError):
     """A HarborBackend option this deployment cannot honour; the message says what instead."""
+
+
+def _name_of(agent: Any) -> str:
+    return agent if isinstance(agent, str) else getattr(agent, "__name__", repr(agent))
+
+
+def _project_dir(agent: Any) -> Path:
+    """The folder holding ``agent``'s ``pyproject.toml`` (upstream's default ``code_dir``),
+    else the folder of its module."""
+    module = sys.modules.get(getattr(agent, "__module__", ""))
+    source = Path(getattr(module, "__file__", "") or ".").resolve()
+    for folder in source.parents:
+        if (folder / "pyproject.toml").is_file():
+            return folder
+    return source.parent
 
 
 def _slots_of(orchestrator: Any) -> int:
@@ -98,19 +119,25 @@ class HarborBackend(ExecutionBackend):
                 f"task_mode={task_mode!r} is not a task mode: use 'template' or 'dataset'"
             ) from None
         if agent is None:
-            raise HarborBackendError("pass agent=: a Harbor agent name such as 'oracle'")
-        if not isinstance(agent, str):
             raise HarborBackendError(
-                f"agent={getattr(agent, '__name__', agent)!r}: running an AgentWorkflow inside "
-                "the sandbox is not supported by this fleet yet; pass a Harbor agent name "
-                "('oracle', 'terminus-2', ...) or run the workflow with LocalBackend"
+                "pass agent=: a Harbor agent name such as 'oracle', or an AgentWorkflow"
             )
-        if grader is not None:
+        native = isinstance(agent, str) and ":" not in agent
+        if native and grader is not None:
             raise HarborBackendError(
-                "grader=: a Grader delivered into the sandbox is not supported by this fleet "
-                "yet; leave grader out to grade with the task's tests/test.sh"
+                f"grader= with the Harbor agent {agent!r}: such a trial is graded by the task's "
+                "tests/test.sh; leave grader out (a Grader grades AgentWorkflow agents)"
             )
-        self.agent = agent
+        self.agent = agent if native else _name_of(agent)
+        self.workflow: SandboxWorkflow | None = None
+        if not native:
+            folder = Path(code_dir) if code_dir else _project_dir(agent)
+            try:
+                self.workflow = SandboxWorkflow.of(
+                    agent, workflow_config, grader, grader_config, folder.resolve()
+                )
+            except PackingError as exc:
+                raise HarborBackendError(str(exc)) from None
         self.native_agent_kwargs = dict(native_agent_kwargs or {})
         self.model_name = model_name
         self.workflow_config = workflow_config
@@ -230,7 +257,7 @@ class HarborBackend(ExecutionBackend):
             folder = task_folder(self.tasks_dir, self.task_mode, request.metadata)
             if isinstance(folder, str):
                 folder = await self._fetch(folder, request.metadata or {})
-            prepared = await self.tasks.prepare(folder)
+            prepared = await self.tasks.prepare(folder, self.workflow)
         except (TaskError, OSError) as exc:
             return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
         except EngineError as exc:
@@ -282,7 +309,9 @@ class HarborBackend(ExecutionBackend):
 
     def _agent_config(self, request: ExecutionRequest, ctx: Any) -> HarborAgentConfig:
         metadata = request.metadata or {}
-        if self.agent in SILENT_AGENTS:
+        if self.workflow is not None:
+            config = HarborAgentConfig(import_path=IMPORT_PATH)
+        elif self.agent in SILENT_AGENTS:
             config = HarborAgentConfig(name=self.agent, kwargs=dict(self.native_agent_kwargs))
         else:
             url = (ctx.chat_completions_url if ctx else "") or ""
@@ -301,6 +330,28 @@ class HarborBackend(ExecutionBackend):
         if self.agent_setup_timeout_sec is not None:
             config.override_setup_timeout_sec = self.agent_setup_timeout_sec
         return config
+
+    def _staging(self, request: ExecutionRequest, ctx: Any) -> Staging:
+        """The rollout as the sandbox's runner takes it (the key apart)."""
+        assert self.workflow is not None
+        url = (ctx.chat_completions_url if ctx else "") or ""
+        if not url:
+            raise TaskError("the rollout has no chat_completions_url for its workflow to call")
+        host = (urlsplit(url).hostname or "").lower()
+        if host == "localhost" or host.endswith(".localhost") or _loopback(host):
+            raise TaskError(
+                f"chat_completions_url {url} is on this host's loopback, which a sandbox cannot "
+                "reach: give the trainer an address the sandbox engine's containers reach"
+            )
+        staged = StagedRollout(
+            request=request.model_dump(mode="json"),
+            chat_completions_url=url,
+            workflow=self.workflow.workflow,
+            workflow_config=self.workflow.workflow_config,
+            grader=self.workflow.grader,
+            grader_config=self.workflow.grader_config,
+        )
+        return Staging(staged, ctx.api_key if ctx else None, request.agent_timeout_sec)
 
     async def _trial(
         self, request: ExecutionRequest, task: Path, owner: SandboxOwner, ctx: Any
@@ -326,19 +377,36 @@ class HarborBackend(ExecutionBackend):
         )
         trial_dir = self.trials_dir / owner.trial_name
         succeeded = False
+        if self.workflow is not None:
+            try:
+                STAGED[owner.trial_name] = self._staging(request, ctx)
+            except TaskError as exc:
+                return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
         try:
             trial = await Trial.create(config)
             result = await trial.run()
             done = results.outcome(
-                result, list(request.prompt), trial_dir, graded=not verifier.disable
+                result,
+                list(request.prompt),
+                trial_dir,
+                graded=not verifier.disable,
+                workflow=self.workflow is not None,
             )
             succeeded = done.result.status is RolloutStatus.SUCCESS
             return done
         finally:
+            STAGED.pop(owner.trial_name, None)
             await _settle(remove_trial(owner.trial_name))
             overlay.unlink(missing_ok=True)
             if succeeded and self.cleanup_successful_trials:
                 shutil.rmtree(trial_dir, ignore_errors=True)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def _settle(work: Any) -> None:

@@ -88,16 +88,79 @@ def trajectory_messages(trial_dir: Path) -> list[dict[str, Any]]:
     return messages
 
 
+def _stored(path: Path) -> ExecutionResult | None:
+    try:
+        return ExecutionResult.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def workflow_outcome(
+    result: Any, trial_dir: Path, seconds: dict[str, float], graded: bool
+) -> ExecutionOutcome:
+    """A sandboxed AgentWorkflow's outcome: its own result (and the Grader's, when the Grader
+    was the verifier), or the task's tests' reward on its sample."""
+    ran = _stored(trial_dir / "agent" / "rollout-result.json")
+    error = getattr(result, "exception_info", None)
+    if ran is None:
+        output = trial_dir / "agent" / "workflow-output.txt"
+        said = output.read_text().strip().splitlines()[-1:] if output.is_file() else []
+        reason = (
+            f"{error.exception_type}: {error.exception_message}"
+            if error is not None
+            else (said[0] if said else "it wrote no result")
+        )
+        failed = ExecutionResult(
+            status=RolloutStatus.FAILURE,
+            err_message=f"the workflow did not finish in its sandbox: {reason}",
+            err_category=RolloutErrorCategory.AGENT_ERROR,
+            extra_fields={"timings": seconds},
+        )
+        return ExecutionOutcome(workflow=failed)
+    ran = _with_timings(ran, seconds)
+    if not graded or ran.status is not RolloutStatus.SUCCESS:
+        return ExecutionOutcome(workflow=ran)
+    grader = _stored(trial_dir / "verifier" / "rollout-graded.json")
+    if grader is not None:
+        return ExecutionOutcome(workflow=ran, grader=_with_timings(grader, seconds))
+    rewards = getattr(getattr(result, "verifier_result", None), "rewards", None) or {}
+    reward = rewards.get("reward", next(iter(rewards.values()), None)) if rewards else None
+    if reward is None or ran.sample is None:
+        failed = ran.model_copy(
+            update={
+                "status": RolloutStatus.FAILURE,
+                "err_message": "the task's tests gave no reward"
+                + (f" ({error.exception_type}: {error.exception_message})" if error else ""),
+                "err_category": RolloutErrorCategory.AGENT_ERROR,
+            }
+        )
+        return ExecutionOutcome(workflow=ran, grader=failed)
+    sample = ran.sample.model_copy(update={"reward": float(reward)})
+    return ExecutionOutcome(workflow=ran, grader=ran.model_copy(update={"sample": sample}))
+
+
+def _with_timings(result: ExecutionResult, seconds: dict[str, float]) -> ExecutionResult:
+    if result.sample is None:
+        return result
+    metrics = {**result.sample.metrics, **seconds}
+    return result.model_copy(
+        update={"sample": result.sample.model_copy(update={"metrics": metrics})}
+    )
+
+
 def outcome(
     result: Any,
     prompt: list[dict[str, Any]],
     trial_dir: Path,
     *,
     graded: bool,
+    workflow: bool = False,
 ) -> ExecutionOutcome:
     """The rollout's outcome: success with the verifier's reward, or a failure whose message
     is the trial's exception (type and message, never a traceback)."""
     seconds = timings(result)
+    if workflow:
+        return workflow_outcome(result, trial_dir, seconds, graded)
     messages = [*prompt, *trajectory_messages(trial_dir)]
     error = getattr(result, "exception_info", None)
     rewards = getattr(getattr(result, "verifier_result", None), "rewards", None) or {}

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import shutil
+import tempfile
 import tomllib
 import uuid
 from enum import StrEnum
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_sdk.backend.harbor.sandbox import docker, image_exists
+from rollout_sdk.backend.harbor.workflows import SandboxWorkflow
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,13 @@ def _checked(path: Path, source: str) -> Path:
 def content_hash(folder: Path, *extra: bytes) -> str:
     """A hash of every file's path, mode and bytes under ``folder`` (and ``extra``)."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    skipped = {"__pycache__", ".venv", ".git", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+    files = (
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and p.suffix != ".pyc" and not skipped & set(p.relative_to(folder).parts)
+    )
+    for path in sorted(files):
         digest.update(str(path.relative_to(folder)).encode())
         digest.update(b"\0x" if path.stat().st_mode & 0o111 else b"\0-")
         digest.update(path.read_bytes())
@@ -98,17 +106,38 @@ class PreparedTasks:
         self.build_network = build_network
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def prepare(self, task: Path) -> Path:
-        """The prepared copy of ``task`` whose image exists on the engine."""
+    async def prepare(self, task: Path, layer: SandboxWorkflow | None = None) -> Path:
+        """The prepared copy of ``task`` whose image exists on the engine: the task's own
+        image, or with ``layer`` that image plus the user's workflow (and, when the task has
+        no ``tests/test.sh``, the grader as its verifier)."""
         key = await asyncio.to_thread(content_hash, task)
         tag = f"{IMAGE_REPOSITORY}/{_image_name(task)}:{key[:16]}"
+        image = tag
+        grading = None
+        if layer is not None:
+            packed = await asyncio.to_thread(layer.content_hash)
+            key = hashlib.sha256(f"{key}\0{packed}".encode()).hexdigest()
+            image = f"{IMAGE_REPOSITORY}/{_image_name(task)}-workflow:{key[:16]}"
+            if layer.grader and not (task / "tests" / "test.sh").is_file():
+                grading = layer.grading_script()
         copy = self.root / key[:16] / task.name
         async with self._locks.setdefault(key, asyncio.Lock()):
             if not (copy / "task.toml").is_file():
-                await asyncio.to_thread(_copy_naming_image, task, copy, tag)
+                await asyncio.to_thread(_copy_naming_image, task, copy, image, grading)
             if not await image_exists(tag):
                 await self._build(task, tag)
+            if layer is not None and not await image_exists(image):
+                await self._build_layer(layer, tag, image)
         return copy
+
+    async def _build_layer(self, layer: SandboxWorkflow, base: str, image: str) -> None:
+        started = asyncio.get_running_loop().time()
+        with tempfile.TemporaryDirectory(prefix="rollout-sandbox-layer-") as folder:
+            await asyncio.to_thread(layer.write_context, Path(folder), base)
+            network = ("--network", self.build_network) if self.build_network else ()
+            await docker("build", "-q", *network, "-t", image, folder, seconds=1800)
+        took = asyncio.get_running_loop().time() - started
+        logger.info("sandbox image %s (with the workflow) ready in %.1fs", image, took)
 
     async def _build(self, task: Path, tag: str) -> None:
         configured = _task_config(task).get("environment", {}).get("docker_image")
@@ -130,7 +159,7 @@ def _task_config(task: Path) -> dict[str, Any]:
     return tomllib.loads(path.read_text()) if path.is_file() else {}
 
 
-def _copy_naming_image(task: Path, copy: Path, tag: str) -> None:
+def _copy_naming_image(task: Path, copy: Path, tag: str, grading: str | None) -> None:
     """Write the copy beside its place and rename it there: other workers on this host may
     prepare the same task at the same time, and the first rename wins."""
     copy.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +171,11 @@ def _copy_naming_image(task: Path, copy: Path, tag: str) -> None:
 
     # With docker_image set Harbor runs that image and builds nothing.
     (staging / "task.toml").write_text(toml.dumps(config))
+    if grading is not None:
+        tests = staging / "tests"
+        tests.mkdir(exist_ok=True)
+        (tests / "test.sh").write_text(grading)
+        (tests / "test.sh").chmod(0o755)
     try:
         staging.rename(copy)
     except OSError:  # another process's copy is in place (the same content)

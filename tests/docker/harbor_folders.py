@@ -1,0 +1,233 @@
+"""Harbor rollout folders for the sandbox tests, written fresh into a temporary folder.
+
+``write_task``: a Harbor task, "write the product of 6 and 7 to /app/answer.txt", with a
+reference solution (for ``oracle``) and, unless told otherwise, ``tests/test.sh`` checking the
+file. ``write_oracle_rollout``: a ``main.py`` serving ``HarborBackend(agent="oracle")`` at
+module level. ``write_template_rollout``: a folder shaped like the osmosis workspace
+template's ``multiply-harbor-strands``: a project (``pyproject.toml``) with a Strands
+``AgentWorkflow`` and a ``Grader`` in a package, the task beside them without tests (the
+Grader is the verifier), and a ``main.py`` that builds the backend and serves it in ``main()``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+TASK_BASE = "python:3.12-slim-bookworm"  # a stand-in on the test engine
+
+
+def write_task(folder: Path, *, solve_seconds: float = 0, tests: bool = True) -> Path:
+    (folder / "environment").mkdir(parents=True)
+    (folder / "solution").mkdir()
+    (folder / "task.toml").write_text(
+        'version = "1.0"\n[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 60.0\n'
+    )
+    (folder / "instruction.md").write_text("Write the product of 6 and 7 to /app/answer.txt.\n")
+    (folder / "environment" / "Dockerfile").write_text(f"FROM {TASK_BASE}\nWORKDIR /app\n")
+    solve = folder / "solution" / "solve.sh"
+    solve.write_text(f"#!/bin/bash\nsleep {solve_seconds}\necho $((6 * 7)) > /app/answer.txt\n")
+    solve.chmod(0o755)
+    if tests:
+        (folder / "tests").mkdir()
+        test = folder / "tests" / "test.sh"
+        test.write_text(
+            textwrap.dedent(
+                """\
+                #!/bin/bash
+                mkdir -p /logs/verifier
+                if [ "$(cat /app/answer.txt 2>/dev/null)" = "42" ]; then
+                    echo 1 > /logs/verifier/reward.txt
+                else
+                    echo 0 > /logs/verifier/reward.txt
+                fi
+                """
+            )
+        )
+        test.chmod(0o755)
+    return folder
+
+
+def write_oracle_rollout(folder: Path, *, solve_seconds: float = 0, slots: int = 4) -> Path:
+    """An upstream-shaped Harbor rollout folder with the oracle agent; its main.py."""
+    write_task(folder / "multiply_task", solve_seconds=solve_seconds)
+    main = folder / "main.py"
+    main.write_text(
+        textwrap.dedent(
+            f"""\
+            from pathlib import Path
+
+            from harbor.trial.queue import TrialQueue
+
+            from osmosis_ai.rollout.backend.harbor import HarborBackend
+            from osmosis_ai.rollout.server import create_rollout_server
+
+            HERE = Path(__file__).resolve().parent
+            backend = HarborBackend(
+                orchestrator=TrialQueue(n_concurrent={slots}),
+                tasks_dir=HERE / "multiply_task",
+                task_mode="template",
+                agent="oracle",
+                cleanup_successful_trials=True,
+            )
+            app = create_rollout_server(backend=backend, lifespan=backend.prewarm_lifespan())
+            """
+        )
+    )
+    return main
+
+
+WORKFLOW = '''\
+"""Multiply two numbers with a Strands agent whose model is the rollout's policy."""
+
+from typing import Any
+
+from osmosis_ai.rollout.agent_workflow import AgentWorkflow
+from osmosis_ai.rollout.context import AgentWorkflowContext
+from osmosis_ai.rollout.integrations.agents.strands import OsmosisRolloutModel, OsmosisStrandsAgent
+from osmosis_ai.rollout.types import AgentWorkflowConfig
+from strands import tool
+
+
+@tool
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
+
+
+class MultiplyConfig(AgentWorkflowConfig):
+    name: str = "multiply-harbor"
+    model: Any
+    tools: Any
+
+
+multiply_workflow_config = MultiplyConfig(
+    model=OsmosisRolloutModel(params={"temperature": 1.0, "max_tokens": 512}), tools=[multiply]
+)
+
+
+class MultiplyWorkflow(AgentWorkflow):
+    async def run(self, ctx: AgentWorkflowContext) -> None:
+        config = ctx.config
+        agent = OsmosisStrandsAgent(
+            name="multiply",
+            model=config.model,
+            tools=config.tools,
+            messages=ctx.prompt,
+            callback_handler=None,
+        )
+        for _ in range(4):
+            result = await agent.invoke_async()
+            if not any("toolUse" in block for block in result.message.get("content", [])):
+                break
+'''
+
+GRADER = '''\
+"""Reward 1 when the last assistant message ends with the label as "#### n"."""
+
+import re
+
+from osmosis_ai.rollout.context import GraderContext
+from osmosis_ai.rollout.grader import Grader
+from osmosis_ai.rollout.types import GraderConfig
+
+ANSWER = re.compile(r"####\\s*(-?\\d+)")
+
+
+class MultiplyGraderConfig(GraderConfig):
+    name: str = "multiply-grader"
+
+
+multiply_grader_config = MultiplyGraderConfig()
+
+
+class MultiplyGrader(Grader):
+    async def grade(self, ctx: GraderContext) -> None:
+        answer = None
+        for message in reversed(list(ctx.sample.messages)):
+            if message.get("role") == "assistant":
+                content = message.get("content")
+                text = content if isinstance(content, str) else "".join(
+                    block.get("text", "") for block in content or []
+                )
+                found = ANSWER.search(text)
+                answer = found.group(1) if found else None
+                break
+        ctx.set_reward(1.0 if answer is not None and answer == str(ctx.label) else 0.0)
+'''
+
+MAIN = '''\
+import logging
+import os
+from pathlib import Path
+
+import uvicorn
+from harbor.models.environment_type import EnvironmentType
+from harbor.models.trial.config import EnvironmentConfig as HarborEnvironmentConfig
+from harbor.trial.queue import TrialQueue
+
+from multiply_rollout.grader import MultiplyGrader, multiply_grader_config
+from multiply_rollout.workflow import MultiplyWorkflow, multiply_workflow_config
+from osmosis_ai.rollout.backend.harbor import HarborBackend
+from osmosis_ai.rollout.server import create_rollout_server
+
+logger = logging.getLogger(__name__)
+ROLLOUT_DIR = Path(__file__).resolve().parent
+ENVIRONMENT_TYPE = EnvironmentType.DOCKER
+CONCURRENT_TRIALS = 8
+
+
+def main() -> None:
+    orchestrator = TrialQueue(n_concurrent=CONCURRENT_TRIALS)
+    backend = HarborBackend(
+        orchestrator=orchestrator,
+        tasks_dir=ROLLOUT_DIR / "multiply_harbor_task",
+        task_mode="template",
+        agent=MultiplyWorkflow,
+        workflow_config=multiply_workflow_config,
+        grader=MultiplyGrader,
+        grader_config=multiply_grader_config,
+        code_dir=ROLLOUT_DIR,
+        environment_config=HarborEnvironmentConfig(type=ENVIRONMENT_TYPE),
+        cleanup_successful_trials=True,
+    )
+    app = create_rollout_server(backend=backend, lifespan=backend.prewarm_lifespan())
+    port = int(os.environ.get("_OSMOSIS_ROLLOUT_PORT", "8000"))
+    logger.info("Harbor rollout server starting on port %d", port)
+    uvicorn.run(app, host="0.0.0.0", port=port)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+PYPROJECT = """\
+[project]
+name = "multiply-rollout"
+version = "0.1.0"
+requires-python = ">=3.12"
+dependencies = ["osmosis-ai[strands]>=0.3.8"]
+
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[tool.hatch.build.targets.wheel]
+packages = ["multiply_rollout"]
+"""
+
+
+def write_template_rollout(folder: Path) -> Path:
+    """The workspace-template-shaped folder; its main.py."""
+    package = folder / "multiply_rollout"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "workflow.py").write_text(WORKFLOW)
+    (package / "grader.py").write_text(GRADER)
+    (folder / "pyproject.toml").write_text(PYPROJECT)
+    write_task(folder / "multiply_harbor_task", tests=False)
+    (folder / "main.py").write_text(MAIN)
+    return folder / "main.py"
+
+
+__all__ = ["TASK_BASE", "write_oracle_rollout", "write_task", "write_template_rollout"]
