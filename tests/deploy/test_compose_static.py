@@ -167,7 +167,7 @@ def test_images_are_multi_stage_locked_unprivileged_and_secret_free(dockerfile: 
     text = (REPO / dockerfile).read_text()
     stages = re.findall(r"(?m)^FROM (\S+)", text)
     assert len(stages) == 2
-    assert all(base == "python:3.11-slim-bookworm" for base in stages)  # same venv paths
+    assert all(base == "python:3.12-slim-bookworm" for base in stages)  # same venv paths
     assert "uv sync --frozen" in text  # dependencies exactly as uv.lock pins them
     final = text.rsplit("\nFROM ", 1)[1]
     user = re.search(r"(?m)^USER (\S+)", final)
