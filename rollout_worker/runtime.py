@@ -245,7 +245,24 @@ class WorkerRuntime:
         if not callable(getattr(self.agent, "sandbox_figures", None)):
             return {}
         janitor = SandboxJanitor(self._on_loop.store, self._on_loop.fleet, self.settings)
-        return {"sandbox-janitor": every(self.settings.sweep_interval_seconds, janitor.sweep)}
+        return {
+            "sandbox-janitor": every(self.settings.sweep_interval_seconds, janitor.sweep),
+            "sandbox-prewarm": self._prewarm(),
+        }
+
+    async def _prewarm(self) -> None:
+        """Build the agent's sandbox images once, while the worker starts (a rollout that
+        comes first waits for the same build rather than starting another)."""
+        prewarm = getattr(self.agent, "prewarm", None)
+        if not callable(prewarm):
+            return
+        started = time.monotonic()
+        try:
+            await prewarm()
+        except Exception as exc:  # each rollout fails with the reason; the worker stays up
+            logger.warning("sandbox images could not be built ahead: %s", exc)
+            return
+        logger.info("sandbox images ready in %.1fs", time.monotonic() - started)
 
     def stop(self) -> None:
         """Celery's worker has stopped: wait for the wind-down (rollouts finished or handed

@@ -156,7 +156,7 @@ class MultiplyGrader(Grader):
         ctx.set_reward(1.0 if answer is not None and answer == str(ctx.label) else 0.0)
 '''
 
-MAIN = '''\
+MAIN = """\
 import logging
 import os
 from pathlib import Path
@@ -199,7 +199,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 PYPROJECT = """\
 [project]

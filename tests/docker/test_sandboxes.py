@@ -9,7 +9,7 @@ engine: containers, networks and volumes carrying the fleet's labels.
 
 from __future__ import annotations
 
-import textwrap
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,72 +18,12 @@ import docker
 import pytest
 
 from tests.conftest import V2_ENV, StartFleet
-from tests.docker.stack import COMPOSE_PLUGIN, docker_host
-from tests.harness import V2FleetUnderTest
+from tests.docker.harbor_folders import write_oracle_rollout, write_template_rollout
+from tests.docker.stack import COMPOSE_PLUGIN, Trainer, docker_host
+from tests.harness import V2FleetUnderTest, v2_body
 
-TASK_BASE = "python:3.12-slim-bookworm"  # a stand-in on the test engine
 FLEET_LABEL = "org.rollout-fleet.fleet"
 ROLLOUT_LABEL = "org.rollout-fleet.rollout"
-
-
-def write_task(folder: Path, *, solve_seconds: float = 0) -> Path:
-    """A Harbor task: the product of two numbers in /app/answer.txt."""
-    (folder / "environment").mkdir(parents=True)
-    (folder / "tests").mkdir()
-    (folder / "solution").mkdir()
-    (folder / "task.toml").write_text(
-        'version = "1.0"\n[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 60.0\n'
-    )
-    (folder / "instruction.md").write_text("Write the product of 6 and 7 to /app/answer.txt.\n")
-    (folder / "environment" / "Dockerfile").write_text(f"FROM {TASK_BASE}\nWORKDIR /app\n")
-    solve = folder / "solution" / "solve.sh"
-    solve.write_text(f"#!/bin/bash\nsleep {solve_seconds}\necho $((6 * 7)) > /app/answer.txt\n")
-    test = folder / "tests" / "test.sh"
-    test.write_text(
-        textwrap.dedent(
-            """\
-            #!/bin/bash
-            mkdir -p /logs/verifier
-            if [ "$(cat /app/answer.txt 2>/dev/null)" = "42" ]; then
-                echo 1 > /logs/verifier/reward.txt
-            else
-                echo 0 > /logs/verifier/reward.txt
-            fi
-            """
-        )
-    )
-    for script in (solve, test):
-        script.chmod(0o755)
-    return folder
-
-
-def write_rollout(folder: Path, *, solve_seconds: float = 0, slots: int = 4) -> Path:
-    """An upstream-shaped Harbor rollout folder with the oracle agent; its main.py."""
-    write_task(folder / "multiply_task", solve_seconds=solve_seconds)
-    main = folder / "main.py"
-    main.write_text(
-        textwrap.dedent(
-            f"""\
-            from pathlib import Path
-
-            from harbor.trial.queue import TrialQueue
-
-            from osmosis_ai.rollout.backend.harbor import HarborBackend
-            from osmosis_ai.rollout.server import create_rollout_server
-
-            HERE = Path(__file__).resolve().parent
-            backend = HarborBackend(
-                orchestrator=TrialQueue(n_concurrent={slots}),
-                tasks_dir=HERE / "multiply_task",
-                task_mode="template",
-                agent="oracle",
-                cleanup_successful_trials=True,
-            )
-            app = create_rollout_server(backend=backend, lifespan=backend.prewarm_lifespan())
-            """
-        )
-    )
-    return main
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +86,7 @@ def oracle_fleet(
     start_fleet: StartFleet,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[V2FleetUnderTest]:
-    main = write_rollout(tmp_path_factory.mktemp("oracle-rollout"), slots=4)
+    main = write_oracle_rollout(tmp_path_factory.mktemp("oracle-rollout"), slots=4)
     handle = start_fleet(
         str(main),
         handle=V2FleetUnderTest,
@@ -195,7 +135,7 @@ def test_a_sandbox_carries_its_owner_labels_and_a_cancel_removes_it_at_once(
     start_fleet: StartFleet,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    main = write_rollout(tmp_path_factory.mktemp("slow-rollout"), solve_seconds=60)
+    main = write_oracle_rollout(tmp_path_factory.mktemp("slow-rollout"), solve_seconds=60)
     fleet = start_fleet(
         str(main), handle=V2FleetUnderTest, workers=1, env=sandbox_env(engine, docker_config)
     )
@@ -233,7 +173,7 @@ def test_a_worker_killed_mid_trial_leaves_no_sandbox_and_every_rollout_ends_once
     start_fleet: StartFleet,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    main = write_rollout(tmp_path_factory.mktemp("kill-rollout"), solve_seconds=8)
+    main = write_oracle_rollout(tmp_path_factory.mktemp("kill-rollout"), solve_seconds=8)
     fleet = start_fleet(
         str(main), handle=V2FleetUnderTest, workers=2, env=sandbox_env(engine, docker_config)
     )
@@ -267,3 +207,52 @@ def test_a_worker_killed_mid_trial_leaves_no_sandbox_and_every_rollout_ends_once
         print(f"orphaned sandboxes gone {after:.1f}s after the last result (waited {took:.1f}s)")
     finally:
         fleet.close()
+
+
+def host_address() -> str:
+    """This host's address on its default route: how sandboxes reach it (not loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # UDP: nothing is sent
+        return str(probe.getsockname()[0])
+
+
+def test_the_workspace_template_shaped_folder_runs_workflow_and_grader_in_sandboxes(
+    engine: docker.DockerClient,
+    docker_config: Path,
+    start_fleet: StartFleet,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    folder = tmp_path_factory.mktemp("template") / "multiply-harbor-strands"
+    main = write_template_rollout(folder)
+    trainer = Trainer(host_address(), tmp_path_factory.mktemp("trainer") / "mock-trainer.log")
+    env = {
+        **sandbox_env(engine, docker_config),
+        "ROLLOUT_FLEET_SANDBOX_BUILD_NETWORK": "host",  # pip installs the workflow's packages
+        "ROLLOUT_FLEET_ALLOWED_TRAINER_URLS": trainer.url,
+    }
+    fleet = start_fleet(str(main), handle=V2FleetUnderTest, workers=2, env=env)
+    assert isinstance(fleet, V2FleetUnderTest)
+    try:
+        # The mock answers 6 * 7 with the multiply tool, then "#### 42": the grader decides.
+        labels = ["42"] * 4 + ["41"] * 2
+        admitted = []
+        for label in labels:
+            body = v2_body(trainer.url, label=label)
+            response = fleet.admit(body)
+            assert response.status_code == 202, response.text
+            admitted.append((body["rollout_id"], response.json()["polling_lease_token"]))
+        done = results(fleet, admitted)
+        failed = {i: r["err_message"] for i, r in done.items() if r["status"] != "success"}
+        assert not failed, f"{failed}\n{fleet.logs(20000)}"
+        rewards = [done[rollout_id]["sample"]["reward"] for rollout_id, _ in admitted]
+        assert rewards == [1.0] * 4 + [0.0] * 2
+        for rollout_id, _ in admitted:
+            sample = done[rollout_id]["sample"]
+            assert "verifier_sec" in sample["metrics"]
+            assert any(m.get("role") == "assistant" for m in sample["messages"])
+            # The workflow called the TrainGate from inside its sandbox.
+            assert trainer.client().calls(rollout_id=rollout_id), rollout_id
+        assert none_left(engine, fleet_label(fleet), within=5) < 5
+    finally:
+        fleet.close()
+        trainer.stop()

@@ -229,7 +229,7 @@ class HarborBackend(ExecutionBackend):
                 p for p in sorted(self.tasks_dir.iterdir()) if (p / "task.toml").is_file()
             )
         for folder in folders:
-            await self.tasks.prepare(folder)
+            await self.tasks.prepare(folder, self.workflow)
 
     def prewarm_lifespan(self, tasks: Any = None) -> Any:
         """An ASGI lifespan that prewarms before serving (upstream's name)."""

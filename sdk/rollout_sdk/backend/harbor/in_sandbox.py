@@ -97,6 +97,14 @@ def grade() -> int:
         else None
     )
     reward: float | None = None
+    if ran is not None and ran.sample is not None:
+        # In the workflow's process the first sample and its entry in ``samples`` are one
+        # object, which the grader rewards once; JSON made them two: make them one again.
+        first = ran.sample
+        samples = {
+            name: first if sample == first else sample for name, sample in ran.samples.items()
+        }
+        ran = ran.model_copy(update={"samples": samples})
     if ran is not None and ran.status is RolloutStatus.SUCCESS:
         graded = asyncio.run(run_grader(_bundle(staged), request, ran))
         (VERIFIER_LOGS / GRADED_RESULT).write_text(graded.model_dump_json())

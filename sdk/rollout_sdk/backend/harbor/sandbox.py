@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ PROJECT_LABEL = "com.docker.compose.project"  # Compose sets it on everything it
 LABELS = (FLEET_LABEL, RECORD_LABEL, ROLLOUT_LABEL, EXECUTION_LABEL)
 TRIAL_PREFIX = "rfx-"
 ENGINE_TIMEOUT_SECONDS = 60.0
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours in the CLI's errors
 
 
 class EngineError(RuntimeError):
@@ -117,7 +119,9 @@ async def docker(*args: str, seconds: float = ENGINE_TIMEOUT_SECONDS) -> str:
         await process.wait()
         raise
     if process.returncode != 0:
-        reason = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        said = _ESCAPES.sub("", err.decode(errors="replace")).strip().splitlines()
+        errors = [line for line in said if line.lstrip().upper().startswith("ERROR")]
+        reason = (errors or said or ["no output"])[-1].strip()
         raise EngineError(f"docker {args[0]} failed: {reason}")
     return out.decode(errors="replace")
 

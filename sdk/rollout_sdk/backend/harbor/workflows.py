@@ -64,11 +64,16 @@ def import_path(obj: Any, code_dir: Path, what: str) -> str | None:
 
 
 def _module_of(obj: Any) -> str:
-    """The module holding an instance (a config) at module level."""
-    for name, module in list(sys.modules.items()):
-        if any(value is obj for value in vars(module).values() if not isinstance(value, type)):
-            return str(name)
-    return str(type(obj).__module__)
+    """The module holding an instance (a config) at module level: the module of its class
+    when that holds it (configs sit beside their class; an entry point that imports one also
+    holds it, but may import what the sandbox lacks, Harbor itself), else any holder."""
+    own = str(type(obj).__module__)
+    holders = [
+        name
+        for name, module in list(sys.modules.items())
+        if any(value is obj for value in vars(module).values() if not isinstance(value, type))
+    ]
+    return own if own in holders or not holders else holders[0]
 
 
 def _binding(module: Any, obj: Any, what: str, path: Path) -> str:
@@ -161,8 +166,11 @@ class SandboxWorkflow:
         (folder / "Dockerfile").write_text(
             f"FROM {base}\n"
             f"COPY requirements.txt {ROOT}/requirements.txt\n"
+            # pip reads certifi's CAs, not SSL_CERT_FILE: a base that names its own CA file
+            # (a registry behind a TLS-inspecting proxy) passes it on.
             f"RUN python3 -m venv {VENV} && {VENV}/bin/pip install --no-cache-dir "
-            f"--disable-pip-version-check -q -r {ROOT}/requirements.txt\n"
+            f'--disable-pip-version-check -q ${{SSL_CERT_FILE:+--cert "$SSL_CERT_FILE"}} '
+            f"-r {ROOT}/requirements.txt\n"
             f"COPY sdk {SITE}\n"
             f"COPY code {CODE}\n"
         )
