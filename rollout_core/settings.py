@@ -229,6 +229,12 @@ class FleetSettings(BaseSettings):
         description="Sandboxed rollouts: the network the task images' builds use (`host` where "
         "the engine's own has no way out); default the engine's.",
     )
+    sandbox_egress: Literal["traingate", "open"] = Field(
+        "traingate",
+        description="Sandboxed rollouts: where a sandbox may connect. traingate: only the "
+        "rollout's TrainGate, through a relay (its network has no other way out); open: as "
+        "the engine routes, for tasks whose tests fetch from the internet.",
+    )
     tracing: bool = Field(
         False,
         description="OpenTelemetry: one trace per rollout (gateway, worker, TrainGate calls), "

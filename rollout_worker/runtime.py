@@ -150,6 +150,7 @@ class _OnLoop:
             configure(
                 sandbox_slots=settings.sandbox_slots,
                 build_network=settings.sandbox_build_network,
+                egress=settings.sandbox_egress,
             )
         fleet = await sandbox_fleet(store)
         carriers, speaks = _carriers(agent, settings, http, box, ownership, fleet)

@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,6 +34,8 @@ from harbor.trial.trial import Trial
 
 from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.harbor import results
+from rollout_sdk.backend.harbor.egress import Egress, Route, build_relay
+from rollout_sdk.backend.harbor.egress import overlay as egress_overlay
 from rollout_sdk.backend.harbor.harness import IMPORT_PATH, STAGED, Staging
 from rollout_sdk.backend.harbor.in_sandbox import StagedRollout
 from rollout_sdk.backend.harbor.sandbox import (
@@ -168,6 +171,7 @@ class HarborBackend(ExecutionBackend):
         self.prewarm_mode = prewarm
         self.sandbox_slots = _slots_of(orchestrator)
         self.build_network: str | None = None
+        self.egress = Egress.TRAINGATE
         self.tasks = PreparedTasks(root / "tasks")
         self._slots: asyncio.Semaphore | None = None
         self.queued = 0
@@ -180,12 +184,20 @@ class HarborBackend(ExecutionBackend):
 
     # --- settings a fleet gives -------------------------------------------------------------
 
-    def configure(self, *, sandbox_slots: int | None, build_network: str | None) -> None:
-        """The worker's own limits: sandboxes at once, and the network image builds use."""
+    def configure(
+        self,
+        *,
+        sandbox_slots: int | None,
+        build_network: str | None,
+        egress: str = Egress.TRAINGATE,
+    ) -> None:
+        """The worker's own limits: sandboxes at once, the network image builds use, and
+        where a sandbox may connect."""
         if sandbox_slots:
             self.sandbox_slots = sandbox_slots
         self.build_network = build_network
         self.tasks.build_network = build_network
+        self.egress = Egress(egress)
 
     # --- ExecutionBackend -------------------------------------------------------------------
 
@@ -337,12 +349,6 @@ class HarborBackend(ExecutionBackend):
         url = (ctx.chat_completions_url if ctx else "") or ""
         if not url:
             raise TaskError("the rollout has no chat_completions_url for its workflow to call")
-        host = (urlsplit(url).hostname or "").lower()
-        if host == "localhost" or host.endswith(".localhost") or _loopback(host):
-            raise TaskError(
-                f"chat_completions_url {url} is on this host's loopback, which a sandbox cannot "
-                "reach: give the trainer an address the sandbox engine's containers reach"
-            )
         staged = StagedRollout(
             request=request.model_dump(mode="json"),
             chat_completions_url=url,
@@ -353,10 +359,36 @@ class HarborBackend(ExecutionBackend):
         )
         return Staging(staged, ctx.api_key if ctx else None, request.agent_timeout_sec)
 
+    def _talks_to_the_model(self) -> bool:
+        """Whether the agent calls the TrainGate from inside the sandbox."""
+        return self.workflow is not None or self.agent not in SILENT_AGENTS
+
+    async def _egress(self, ctx: Any, owner: SandboxOwner) -> tuple[dict[str, Any], Route | None]:
+        """The overlay part that closes the sandbox's network, and the TrainGate route."""
+        if self.egress is Egress.OPEN:
+            return {}, None
+        url = (ctx.chat_completions_url if ctx else "") or ""
+        route = Route.to(url) if url and self._talks_to_the_model() else None
+        image = await build_relay(self.build_network) if route is not None else None
+        return egress_overlay(owner.labels(), route, image), route
+
     async def _trial(
         self, request: ExecutionRequest, task: Path, owner: SandboxOwner, ctx: Any
     ) -> ExecutionOutcome:
-        overlay = write_overlay(owner, self.scratch)
+        url = (ctx.chat_completions_url if ctx else "") or ""
+        if self._talks_to_the_model() and url:
+            try:
+                _reachable(url)
+            except TaskError as exc:
+                return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
+        try:
+            extra, route = await self._egress(ctx, owner)
+        except EngineError as exc:
+            message = f"the sandbox's egress relay is not ready: {exc}"
+            return _failed(message, RolloutErrorCategory.INTERNAL_ERROR)
+        if route is not None and ctx is not None:
+            ctx = _Endpoint(route.url, ctx.api_key)
+        overlay = write_overlay(owner, self.scratch, extra)
         environment = self.environment_config.model_copy(deep=True)
         environment.extra_docker_compose = [*environment.extra_docker_compose, overlay]
         environment.delete = True
@@ -402,11 +434,26 @@ class HarborBackend(ExecutionBackend):
                 shutil.rmtree(trial_dir, ignore_errors=True)
 
 
-def _loopback(host: str) -> bool:
+@dataclass(frozen=True)
+class _Endpoint:
+    """The rollout's TrainGate as the sandbox reaches it (through the egress relay)."""
+
+    chat_completions_url: str
+    api_key: str | None
+
+
+def _reachable(url: str) -> None:
+    """Refuse a TrainGate on this host's loopback: no sandbox can reach it."""
+    host = (urlsplit(url).hostname or "").lower()
     try:
-        return ipaddress.ip_address(host).is_loopback
+        loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return False
+        loopback = host == "localhost" or host.endswith(".localhost")
+    if loopback:
+        raise TaskError(
+            f"chat_completions_url {url} is on this host's loopback, which a sandbox cannot "
+            "reach: give the trainer an address the sandbox engine's containers reach"
+        )
 
 
 async def _settle(work: Any) -> None:

@@ -84,9 +84,15 @@ current_owner: contextvars.ContextVar[SandboxOwner | None] = contextvars.Context
 )
 
 
-def write_overlay(owner: SandboxOwner, folder: Path) -> Path:
-    path = folder / f"{owner.trial_name}.labels.json"
-    path.write_text(json.dumps(owner.overlay()))
+def write_overlay(owner: SandboxOwner, folder: Path, extra: dict[str, Any] | None = None) -> Path:
+    """The trial's Compose overlay: the owner's labels, and ``extra`` (its egress) merged."""
+    document = owner.overlay()
+    for section, entries in (extra or {}).items():
+        for name, body in entries.items():
+            merged = document.setdefault(section, {}).setdefault(name, {})
+            merged.update(body)
+    path = folder / f"{owner.trial_name}.overlay.json"
+    path.write_text(json.dumps(document))
     return path
 
 

@@ -1,0 +1,105 @@
+"""Where a sandbox may connect: the TrainGate, through a relay, and nowhere else.
+
+A trial's Compose network (``default``: the task's services and ``main``) is made
+``internal``: no route leaves it, so neither Redis, the gateway, this host nor a cloud
+metadata address can be reached from it. When the agent talks to the model from inside the
+sandbox, a relay container (``relay.py``) joins that network under the TrainGate's host name
+and a second network with a way out, and forwards that one host and port. The agent's URL
+keeps its host name (TLS keeps working); a TrainGate named by an IP address is reached as
+``traingate`` instead.
+
+``open`` egress (``ROLLOUT_FLEET_SANDBOX_EGRESS=open``) leaves the network as Harbor makes it,
+for tasks whose tests fetch from the internet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import tempfile
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from rollout_sdk.backend.harbor.sandbox import docker, image_exists
+
+RELAY_BASE = "python:3.12-slim-bookworm"
+RELAY_SERVICE = "rollout-egress"
+IP_ALIAS = "traingate"
+
+
+class Egress(StrEnum):
+    TRAINGATE = "traingate"
+    OPEN = "open"
+
+
+@dataclass(frozen=True)
+class Route:
+    """The relay for one TrainGate URL, and that URL as the sandbox sees it."""
+
+    host: str
+    port: int
+    alias: str
+    url: str  # the chat URL the sandbox uses
+
+    @classmethod
+    def to(cls, url: str) -> Route:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return cls(host, port, host, url)
+        netloc = f"{IP_ALIAS}:{port}"
+        if parts.username or parts.password:
+            netloc = f"{parts.netloc.rsplit('@', 1)[0]}@{netloc}"
+        return cls(host, port, IP_ALIAS, urlunsplit(parts._replace(netloc=netloc)))
+
+
+def relay_image() -> str:
+    source = (Path(__file__).parent / "relay.py").read_bytes()
+    digest = hashlib.sha256(RELAY_BASE.encode() + b"\0" + source).hexdigest()[:16]
+    return f"rollout-fleet-sandbox-relay:{digest}"
+
+
+async def build_relay(build_network: str | None) -> str:
+    """The relay's image (``RELAY_BASE`` plus ``relay.py``), built once per engine."""
+    image = relay_image()
+    if await image_exists(image):
+        return image
+    with tempfile.TemporaryDirectory(prefix="rollout-sandbox-relay-") as folder:
+        context = Path(folder)
+        (context / "relay.py").write_bytes((Path(__file__).parent / "relay.py").read_bytes())
+        (context / "Dockerfile").write_text(f"FROM {RELAY_BASE}\nCOPY relay.py /relay.py\n")
+        network = ("--network", build_network) if build_network else ()
+        await docker("build", "-q", *network, "-t", image, str(context), seconds=600)
+    return image
+
+
+def overlay(labels: dict[str, str], route: Route | None, image: str | None) -> dict[str, Any]:
+    """The Compose overlay that closes the trial's network and, with ``route``, opens the
+    one way to the TrainGate."""
+    services: dict[str, Any] = {}
+    # internal: no route out. No IPv4 address on the host's side of the bridge either: an
+    # internal bridge still reaches the host through its own address (seen on Docker 28).
+    closed = {"com.docker.network.bridge.inhibit_ipv4": "true"}
+    networks: dict[str, Any] = {
+        "default": {"internal": True, "driver_opts": closed, "labels": labels}
+    }
+    if route is not None and image is not None:
+        services[RELAY_SERVICE] = {
+            "image": image,
+            "command": ["python3", "/relay.py", str(route.port), route.host, str(route.port)],
+            "init": True,
+            "labels": labels,
+            "stop_grace_period": "1s",
+            "networks": {"default": {"aliases": [route.alias]}, "egress": {}},
+        }
+        networks["egress"] = {"labels": labels}
+    return {"services": services, "networks": networks}
+
+
+__all__ = ["Egress", "Route", "build_relay", "overlay", "relay_image"]
