@@ -40,6 +40,7 @@ class RedisServer:
     """A redis-server on a free loopback port, in its own temporary directory."""
 
     port: int = field(default_factory=free_port)
+    bind: str = "127.0.0.1"  # clients here always connect over loopback
     appendonly: bool = True  # the fleet refuses a Redis that keeps nothing
     password: str | None = None
     databases: int = 16
@@ -72,7 +73,7 @@ class RedisServer:
             self.binary,
             *ports,
             "--bind",
-            "127.0.0.1",
+            self.bind,
             "--dir",
             str(self.data_dir),
             "--save",

@@ -230,4 +230,87 @@ def write_template_rollout(folder: Path) -> Path:
     return folder / "main.py"
 
 
-__all__ = ["TASK_BASE", "write_oracle_rollout", "write_task", "write_template_rollout"]
+PROBE_WORKFLOW = '''\
+"""Try to connect to every address in metadata["probe"], then ask the policy once."""
+
+import asyncio
+import socket
+
+import httpx
+from osmosis_ai.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, get_rollout_context
+
+
+def connects(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+class ProbeWorkflow(AgentWorkflow):
+    async def run(self, ctx):
+        probes = (ctx.metadata or {}).get("probe", {})
+        reached = {
+            name: await asyncio.to_thread(connects, host, port)
+            for name, (host, port) in probes.items()
+        }
+        rollout = get_rollout_context()
+        async with httpx.AsyncClient(timeout=20) as http:
+            answer = await http.post(
+                f"{rollout.chat_completions_url}/chat/completions",
+                json={"model": "policy", "messages": ctx.prompt},
+                headers={"Authorization": f"Bearer {rollout.api_key}"},
+            )
+        reply = answer.json()["choices"][0]["message"]
+        metrics = {f"reached_{name}": float(ok) for name, ok in reached.items()}
+        return AgentWorkflowOutput(messages=[*ctx.prompt, reply], metrics=metrics)
+
+
+class AnsweredGrader(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0 if ctx.sample.messages[-1].get("role") == "assistant" else 0.0)
+'''
+
+PROBE_MAIN = """\
+from pathlib import Path
+
+from harbor.trial.queue import TrialQueue
+
+from osmosis_ai.rollout.backend.harbor import HarborBackend
+from osmosis_ai.rollout.server import create_rollout_server
+from probe.workflow import AnsweredGrader, ProbeWorkflow
+
+HERE = Path(__file__).resolve().parent
+backend = HarborBackend(
+    orchestrator=TrialQueue(n_concurrent=2),
+    tasks_dir=HERE / "probe_task",
+    agent=ProbeWorkflow,
+    grader=AnsweredGrader,
+    code_dir=HERE,
+)
+app = create_rollout_server(backend=backend)
+"""
+
+
+def write_probe_rollout(folder: Path) -> Path:
+    """A workflow that reports which addresses it reached from its sandbox; its main.py."""
+    package = folder / "probe"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "workflow.py").write_text(PROBE_WORKFLOW)
+    (folder / "pyproject.toml").write_text(
+        '[project]\nname = "probe"\nversion = "0"\ndependencies = ["osmosis-ai"]\n'
+    )
+    write_task(folder / "probe_task", tests=False)
+    (folder / "main.py").write_text(PROBE_MAIN)
+    return folder / "main.py"
+
+
+__all__ = [
+    "TASK_BASE",
+    "write_oracle_rollout",
+    "write_probe_rollout",
+    "write_task",
+    "write_template_rollout",
+]

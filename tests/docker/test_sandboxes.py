@@ -9,7 +9,11 @@ engine: containers, networks and volumes carrying the fleet's labels.
 
 from __future__ import annotations
 
+import json
+import secrets
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +21,14 @@ from pathlib import Path
 import docker
 import pytest
 
+from rollout_fleet.redis_server import RedisServer
 from tests.conftest import V2_ENV, StartFleet
-from tests.docker.harbor_folders import write_oracle_rollout, write_template_rollout
+from tests.docker.harbor_folders import (
+    TASK_BASE,
+    write_oracle_rollout,
+    write_probe_rollout,
+    write_template_rollout,
+)
 from tests.docker.stack import COMPOSE_PLUGIN, Trainer, docker_host
 from tests.harness import V2FleetUnderTest, v2_body
 
@@ -256,3 +266,104 @@ def test_the_workspace_template_shaped_folder_runs_workflow_and_grader_in_sandbo
     finally:
         fleet.close()
         trainer.stop()
+
+
+PROBE = """
+import json, socket, sys
+def connects(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False
+print(json.dumps({name: connects(h, p) for name, (h, p) in json.loads(sys.argv[1]).items()}))
+"""
+
+
+@pytest.fixture
+def metadata_address() -> Iterator[str]:
+    """169.254.169.254 on this host's loopback, as a cloud's metadata address answers."""
+    address = "169.254.169.254"
+    added = subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"], check=False)
+    yield address
+    if added.returncode == 0:
+        subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], check=False)
+
+
+def listening(host: str) -> tuple[subprocess.Popen[bytes], int]:
+    """An HTTP server on ``host`` (standing for any service there); its port."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = int(probe.getsockname()[1])
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", host]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex((host, port)) == 0:
+                return server, port
+        assert time.monotonic() < deadline, f"nothing listens on {host}:{port}"
+        time.sleep(0.1)
+
+
+def test_a_sandbox_reaches_the_traingate_and_nothing_else(
+    engine: docker.DockerClient,
+    docker_config: Path,
+    start_fleet: StartFleet,
+    tmp_path_factory: pytest.TempPathFactory,
+    metadata_address: str,
+) -> None:
+    host = host_address()
+    redis = RedisServer(bind="0.0.0.0").start()  # a Redis any of this host's addresses reach
+    gateway, gateway_port = listening("0.0.0.0")  # as a gateway bound to every address is
+    metadata, metadata_port = listening(metadata_address)
+    trainer = Trainer(host, tmp_path_factory.mktemp("trainer") / "mock-trainer.log")
+    targets = {
+        "redis": [host, redis.port],
+        "gateway": [host, gateway_port],
+        "metadata": [metadata_address, metadata_port],
+    }
+    try:
+        # The check can fail: a container on an ordinary network reaches all three.
+        network = engine.networks.create(f"probe-{secrets.token_hex(4)}")
+        try:
+            seen = engine.containers.run(
+                TASK_BASE,
+                ["python3", "-c", PROBE, json.dumps(targets)],
+                network=network.name,
+                remove=True,
+            )
+        finally:
+            network.remove()
+        assert json.loads(seen) == {"redis": True, "gateway": True, "metadata": True}
+
+        main = write_probe_rollout(tmp_path_factory.mktemp("probe") / "probe-rollout")
+        env = {
+            **sandbox_env(engine, docker_config),
+            "ROLLOUT_FLEET_SANDBOX_BUILD_NETWORK": "host",
+            "ROLLOUT_FLEET_ALLOWED_TRAINER_URLS": trainer.url,
+        }
+        fleet = start_fleet(str(main), handle=V2FleetUnderTest, workers=1, env=env)
+        assert isinstance(fleet, V2FleetUnderTest)
+        try:
+            body = v2_body(trainer.url, metadata={"probe": targets})
+            response = fleet.admit(body)
+            assert response.status_code == 202, response.text
+            token = response.json()["polling_lease_token"]
+            result = fleet.result(body["rollout_id"], token, timeout=300)
+            assert result["status"] == "success", f"{result}\n{fleet.logs(20000)}"
+            metrics = result["sample"]["metrics"]
+            assert metrics["reached_redis"] == 0.0
+            assert metrics["reached_gateway"] == 0.0
+            assert metrics["reached_metadata"] == 0.0
+            # The TrainGate answered through the relay, and saw the rollout's own calls.
+            assert result["sample"]["reward"] == 1.0
+            assert trainer.client().calls(rollout_id=body["rollout_id"])
+        finally:
+            fleet.close()
+    finally:
+        trainer.stop()
+        for server in (gateway, metadata):
+            server.terminate()
+            server.wait(10)
+        redis.stop()
