@@ -1,6 +1,7 @@
-"""What an operator asks of the fleet's records: one rollout's state (``GET /v1/rollouts/{id}``,
-``rollout-fleet status``), lists filtered by status and age (``rollout-fleet ls``), and the
-trajectories of finished rollouts (``rollout-fleet export``, the workers' trajectory sink).
+"""What an operator asks of the fleet's records: the fleet at a glance (``rollout-fleet
+status``), one rollout's state (``GET /v1/rollouts/{id}``, ``rollout-fleet status <id>``),
+lists filtered by status and age (``rollout-fleet ls``), and the trajectories of finished
+rollouts (``rollout-fleet export``, the workers' trajectory sink).
 
 Reads only: records are changed by the store's scripts, never here.
 """
@@ -90,6 +91,32 @@ def view_of(record: RolloutRecord, now_ms: int | None = None) -> RolloutView:
     )
 
 
+class FleetView(BaseModel):
+    """The fleet now: live workers and what they run, and the rollouts Redis holds."""
+
+    workers: int
+    slots: int = Field(description="rollouts the live workers run at once")
+    running: int = Field(description="rollouts a worker holds")
+    waiting: int = Field(description="admitted rollouts no worker holds yet")
+    finished: int = Field(description="finished rollouts still retained")
+    sandbox_slots: int = Field(description="sandboxes the workers run at once (0: none runs any)")
+    sandboxes: int = Field(description="sandboxes running, as the workers last reported")
+
+
+async def fleet(store: RecordStore) -> FleetView:
+    workers = await store.live_workers()
+    counts = await store.counts()
+    return FleetView(
+        workers=workers.count,
+        slots=workers.slots,
+        running=counts.running,
+        waiting=max(counts.active - counts.running, 0),
+        finished=counts.finished,
+        sandbox_slots=workers.sandbox_slots,
+        sandboxes=workers.sandboxes,
+    )
+
+
 async def find(
     store: RecordStore, record_id: str, protocol: Protocol | None = None
 ) -> RolloutView | None:
@@ -164,8 +191,10 @@ async def trajectories(store: RecordStore) -> AsyncIterator[dict[str, Any]]:
 
 
 __all__ = [
+    "FleetView",
     "RolloutView",
     "find",
+    "fleet",
     "listing",
     "trajectories",
     "trajectory_of",

@@ -364,19 +364,38 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 @app.command()
 def status(
-    rollout_id: Annotated[str, typer.Argument(help="Rollout id (v1: or its idempotency key)")],
+    rollout_id: Annotated[
+        str | None,
+        typer.Argument(
+            help="Rollout id (v1: or its idempotency key); left out: the fleet at a glance"
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """One rollout's record.
+    """One rollout's record, or the fleet's figures.
 
-    Its status, attempts, worker, timings, reward and error.
+    A rollout: its status, attempts, worker, timings, reward and error. The fleet: live
+    workers and their slots, rollouts running, waiting and finished, and sandboxes (slots and
+    running) for sandboxed agents.
 
     Reads the fleet REDIS_URL names (with ROLLOUT_FLEET_KEY_PREFIX), else the rollout-fleet
     up running here, and says which on stderr. Exit 1 if the rollout is unknown, 2 if the
     fleet cannot be read.
     """
-    from rollout_core.views import find
+    from rollout_core.views import find, fleet
 
+    if rollout_id is None:
+        figures = _store_call(fleet)
+        if as_json:
+            print(figures.model_dump_json(indent=2))
+            return
+        from rich.table import Table
+
+        overview = Table(show_header=False, title="fleet")
+        for name, value in figures.model_dump().items():
+            overview.add_row(name.replace("_", " "), str(value))
+        console.print(overview)
+        return
     view = _store_call(lambda store: find(store, rollout_id))
     if view is None:
         from rich.markup import escape

@@ -60,6 +60,7 @@ STOP_LISTENER_RETRY_SECONDS = 1.0
 # sooner when its rollouts end: after the grace, handing the rest back gets HAND_BACK_SECONDS;
 # then Celery's own shutdown and ours get CLOSE_SECONDS (ExitDeadline).
 HAND_BACK_SECONDS = 5.0
+TRIAL_PRUNE_SECONDS = 60.0  # failed trials' folders outlive their retention by at most this
 CLOSE_SECONDS = 5.0
 
 
@@ -151,6 +152,7 @@ class _OnLoop:
                 sandbox_slots=settings.sandbox_slots,
                 build_network=settings.sandbox_build_network,
                 egress=settings.sandbox_egress,
+                log_retention_seconds=settings.result_retention_seconds,
             )
         fleet = await sandbox_fleet(store)
         carriers, speaks = _carriers(agent, settings, http, box, ownership, fleet)
@@ -249,7 +251,13 @@ class WorkerRuntime:
         return {
             "sandbox-janitor": every(self.settings.sweep_interval_seconds, janitor.sweep),
             "sandbox-prewarm": self._prewarm(),
+            "sandbox-logs": every(TRIAL_PRUNE_SECONDS, self._prune_trials),
         }
+
+    async def _prune_trials(self) -> None:
+        prune = getattr(self.agent, "prune_trials", None)
+        if callable(prune):
+            await prune()
 
     async def _prewarm(self) -> None:
         """Build the agent's sandbox images once, while the worker starts (a rollout that

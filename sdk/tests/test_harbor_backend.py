@@ -3,7 +3,11 @@ instead; which task a rollout runs; how a fleet worker takes the backend out of 
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,8 @@ from harbor.models.trial.config import EnvironmentConfig
 
 from rollout_sdk.agent_workflow import AgentWorkflow
 from rollout_sdk.backend.harbor import HarborBackend, HarborBackendError, TaskMode
+from rollout_sdk.backend.harbor.egress import Route, overlay
+from rollout_sdk.backend.harbor.relay import serve
 from rollout_sdk.backend.harbor.sandbox import SandboxOwner
 from rollout_sdk.backend.harbor.tasks import TaskError, task_folder
 from rollout_sdk.loader import AgentLoadError, load_agent
@@ -107,3 +113,71 @@ def test_a_main_that_builds_no_server_is_one_line(tmp_path: Path) -> None:
     )
     with pytest.raises(AgentLoadError, match=r"main\(\) returned without calling create_rollout"):
         load_agent(str(entry))
+
+
+def test_failed_trials_folders_go_after_their_retention(tmp_path: Path) -> None:
+    trials = tmp_path / "trials"
+    old, new = trials / "rfx-old", trials / "rfx-new"
+    for folder in (old, new):
+        (folder / "agent").mkdir(parents=True)
+    os.utime(old, (time.time() - 120, time.time() - 120))
+    backend = HarborBackend(tasks_dir=a_task(tmp_path / "t"), agent="oracle", trials_dir=trials)
+    backend.configure(sandbox_slots=None, build_network=None, log_retention_seconds=60)
+    assert asyncio.run(backend.prune_trials()) == 1
+    assert sorted(p.name for p in trials.iterdir()) == ["rfx-new"]
+
+
+def test_a_traingate_is_reached_under_its_name_or_as_traingate() -> None:
+    named = Route.to("https://gate.example.com/v1/rollouts/r1")
+    assert (named.host, named.port, named.alias) == ("gate.example.com", 443, "gate.example.com")
+    assert named.url == "https://gate.example.com/v1/rollouts/r1"  # TLS names stay right
+    literal = Route.to("http://10.1.2.3:9001/v1/rollouts/r1")
+    assert (literal.host, literal.port, literal.alias) == ("10.1.2.3", 9001, "traingate")
+    assert literal.url == "http://traingate:9001/v1/rollouts/r1"
+
+
+def test_the_trial_network_is_closed_and_opened_only_to_the_relay() -> None:
+    labels = {"org.rollout-fleet.fleet": "rf@d"}
+    closed = overlay(labels, None, None)
+    assert closed["services"] == {}
+    default = closed["networks"]["default"]
+    assert default["internal"] is True
+    assert default["driver_opts"] == {"com.docker.network.bridge.inhibit_ipv4": "true"}
+    route = Route.to("http://10.1.2.3:9001/v1/rollouts/r1")
+    opened = overlay(labels, route, "relay:1")
+    relay = opened["services"]["rollout-egress"]
+    assert relay["command"] == ["python3", "/relay.py", "9001", "10.1.2.3", "9001"]
+    assert relay["networks"] == {"default": {"aliases": ["traingate"]}, "egress": {}}
+    assert opened["networks"]["default"]["internal"] is True
+
+
+def test_the_relay_joins_each_connection_to_its_one_destination() -> None:
+    async def scenario() -> bytes:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"echo:" + await reader.read(100))
+            await writer.drain()
+            writer.close()
+
+        target = await asyncio.start_server(echo, "127.0.0.1", 0)
+        port = target.sockets[0].getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            listen = probe.getsockname()[1]
+        relay = asyncio.create_task(serve(listen, "127.0.0.1", port))
+        try:
+            for _ in range(50):
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", listen)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.02)
+            writer.write(b"hello")
+            await writer.drain()
+            answer = await reader.read(100)
+            writer.close()
+            return answer
+        finally:
+            relay.cancel()
+            target.close()
+
+    assert asyncio.run(scenario()) == b"echo:hello"

@@ -10,6 +10,7 @@ engine: containers, networks and volumes carrying the fleet's labels.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import socket
 import subprocess
@@ -124,6 +125,11 @@ def test_twenty_oracle_rollouts_over_two_workers_succeed_and_leave_no_sandbox(
 
     started = time.monotonic()
     admitted = [oracle_fleet.admitted() for _ in range(20)]
+    running = 0
+    while running == 0 and time.monotonic() - started < 60:  # the workers' next heartbeat
+        running = oracle_fleet.http.get("/ready").json()["sandboxes"]
+        time.sleep(0.2)
+    assert 1 <= running <= 8
     done = results(oracle_fleet, admitted)
     took = time.monotonic() - started
 
@@ -132,6 +138,20 @@ def test_twenty_oracle_rollouts_over_two_workers_succeed_and_leave_no_sandbox(
     for result in done.values():
         metrics = result["sample"]["metrics"]
         assert {"environment_setup_sec", "agent_sec", "verifier_sec", "trial_sec"} <= set(metrics)
+    status = subprocess.run(
+        [sys.executable, "-m", "rollout_fleet", "status", "--json"],
+        env={
+            **os.environ,
+            "REDIS_URL": oracle_fleet.fleet.redis_url,
+            "ROLLOUT_FLEET_KEY_PREFIX": oracle_fleet.prefix,
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert status.returncode == 0, status.stderr
+    figures = json.loads(status.stdout)
+    assert (figures["workers"], figures["sandbox_slots"], figures["finished"]) == (2, 8, 20)
     workers = {oracle_fleet.record(rollout_id)["worker"] for rollout_id in done}
     assert len(workers) == 2, f"one worker ran every trial: {workers}"
     print(f"20 oracle trials on 2 workers in {took:.1f}s")

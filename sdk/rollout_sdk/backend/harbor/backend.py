@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ logger = logging.getLogger(__name__)
 # Harbor's agents that talk to no model: their rollouts carry no trajectory to train on.
 SILENT_AGENTS = frozenset({"oracle", "nop"})
 DEFAULT_SANDBOX_SLOTS = 8  # upstream's template: TrialQueue(n_concurrent=8)
+DEFAULT_LOG_RETENTION_SECONDS = 24 * 3600.0
 
 
 class HarborBackendError(ValueError):
@@ -171,6 +173,7 @@ class HarborBackend(ExecutionBackend):
         self.prewarm_mode = prewarm
         self.sandbox_slots = _slots_of(orchestrator)
         self.build_network: str | None = None
+        self.log_retention_seconds = DEFAULT_LOG_RETENTION_SECONDS
         self.egress = Egress.TRAINGATE
         self.tasks = PreparedTasks(root / "tasks")
         self._slots: asyncio.Semaphore | None = None
@@ -190,9 +193,12 @@ class HarborBackend(ExecutionBackend):
         sandbox_slots: int | None,
         build_network: str | None,
         egress: str = Egress.TRAINGATE,
+        log_retention_seconds: float | None = None,
     ) -> None:
-        """The worker's own limits: sandboxes at once, the network image builds use, and
-        where a sandbox may connect."""
+        """The worker's own limits: sandboxes at once, the network image builds use, where a
+        sandbox may connect, and how long failed trials' folders are kept."""
+        if log_retention_seconds is not None:
+            self.log_retention_seconds = log_retention_seconds
         if sandbox_slots:
             self.sandbox_slots = sandbox_slots
         self.build_network = build_network
@@ -230,6 +236,11 @@ class HarborBackend(ExecutionBackend):
                 task.cancel()
                 cancelled[rollout_id] = "cancelled"
         return cancelled
+
+    async def prune_trials(self) -> int:
+        """Remove the folders of trials that ended longer ago than the retention (failed
+        trials' logs; successful ones go at once); how many."""
+        return await asyncio.to_thread(_prune, self.trials_dir, self.log_retention_seconds)
 
     async def prewarm(self, tasks: Any = None) -> None:
         """Build the images of the configured tasks before rollouts arrive."""
@@ -432,6 +443,22 @@ class HarborBackend(ExecutionBackend):
             overlay.unlink(missing_ok=True)
             if succeeded and self.cleanup_successful_trials:
                 shutil.rmtree(trial_dir, ignore_errors=True)
+            elif trial_dir.is_dir():
+                logger.warning("rollout %s: its trial's logs are kept in %s", request.id, trial_dir)
+
+
+def _prune(folder: Path, older_than: float) -> int:
+    cutoff = time.time() - older_than
+    removed = 0
+    for trial in folder.iterdir() if folder.is_dir() else ():
+        try:
+            stale = trial.is_dir() and trial.stat().st_mtime < cutoff
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(trial, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 @dataclass(frozen=True)
