@@ -18,6 +18,7 @@ from rollout_sdk.agent_workflow import AgentWorkflow
 from rollout_sdk.backend.harbor import HarborBackend, HarborBackendError, TaskMode
 from rollout_sdk.backend.harbor.egress import Route, overlay
 from rollout_sdk.backend.harbor.relay import serve
+from rollout_sdk.backend.harbor.results import messages_of
 from rollout_sdk.backend.harbor.sandbox import SandboxOwner
 from rollout_sdk.backend.harbor.tasks import TaskError, task_folder
 from rollout_sdk.loader import AgentLoadError, load_agent
@@ -181,3 +182,42 @@ def test_the_relay_joins_each_connection_to_its_one_destination() -> None:
             target.close()
 
     assert asyncio.run(scenario()) == b"echo:hello"
+
+
+def test_an_atif_trajectory_reads_as_chat_messages() -> None:
+    atif = {
+        "steps": [
+            {"source": "user", "message": "Write 6 * 7 to answer.txt"},
+            {
+                "source": "agent",
+                "message": "Computing.",
+                "reasoning_content": "6 times 7",
+                "tool_calls": [
+                    {"tool_call_id": "c1", "function_name": "bash", "arguments": {"cmd": "echo"}}
+                ],
+                "observation": {"results": [{"source_call_id": "c1", "content": "42"}]},
+            },
+            {"source": "agent"},  # nothing said, nothing called: no message
+            {"source": "environment", "message": "done"},
+        ]
+    }
+    assert messages_of(atif) == [
+        {"role": "user", "content": "Write 6 * 7 to answer.txt"},
+        {
+            "role": "assistant",
+            "content": "Computing.",
+            "reasoning_content": "6 times 7",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"cmd": "echo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+        {"role": "tool", "content": "done"},
+    ]
+    assert messages_of({"messages": [{"role": "user", "content": "x"}]}) == [
+        {"role": "user", "content": "x"}
+    ]

@@ -430,10 +430,10 @@ class HarborBackend(ExecutionBackend):
             result = await trial.run()
             done = results.outcome(
                 result,
-                list(request.prompt),
                 trial_dir,
                 graded=not verifier.disable,
                 workflow=self.workflow is not None,
+                silent=self.workflow is None and self.agent in SILENT_AGENTS,
             )
             succeeded = done.result.status is RolloutStatus.SUCCESS
             return done

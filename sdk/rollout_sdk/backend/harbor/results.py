@@ -40,52 +40,85 @@ def timings(result: Any) -> dict[str, float]:
     return found
 
 
-def trajectory_messages(trial_dir: Path) -> list[dict[str, Any]]:
-    """The agent's ATIF trajectory (``agent/trajectory.json``) as chat messages: each step's
-    source becomes the role (``agent`` → ``assistant``), its message the content, and each
-    tool call and observation a ``tool_calls`` entry and a ``tool`` message. Empty when the
-    agent wrote none (``oracle`` talks to no model)."""
+ROLES = {"user": "user", "agent": "assistant", "system": "system"}
+
+
+def _tool_calls(raw: Any) -> list[dict[str, Any]]:
+    """ATIF tool calls in the chat shape (arguments as a JSON string)."""
+    return [
+        {
+            "id": call.get("tool_call_id"),
+            "type": "function",
+            "function": {
+                "name": call.get("function_name"),
+                "arguments": json.dumps(
+                    call.get("arguments") or {}, ensure_ascii=False, default=str
+                ),
+            },
+        }
+        for call in (raw if isinstance(raw, list) else [])
+        if isinstance(call, dict)
+    ]
+
+
+def messages_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages from an agent's trajectory document, as upstream reads them: a
+    ``messages`` list as is; ATIF ``steps`` each as a message of its source's role (``agent``:
+    ``assistant``, with its tool calls and reasoning; an unknown source: ``tool``) followed by
+    one ``tool`` message per observation result. A step with neither text nor tool calls adds
+    no message (it would make turns that never happened)."""
+    if isinstance(document.get("messages"), list):
+        return list(document["messages"])
+    messages: list[dict[str, Any]] = []
+    for step in document.get("steps") or []:
+        role = ROLES.get(step.get("source"), "tool")
+        content = step.get("message")
+        calls = _tool_calls(step.get("tool_calls")) if role == "assistant" else []
+        if content is not None or calls:
+            message: dict[str, Any] = {
+                "role": role,
+                "content": content if content is not None else "",
+            }
+            if role == "assistant" and step.get("reasoning_content") is not None:
+                message["reasoning_content"] = step["reasoning_content"]
+            if calls:
+                message["tool_calls"] = calls
+            messages.append(message)
+        observation = step.get("observation")
+        found = observation.get("results") if isinstance(observation, dict) else None
+        for result in found or []:
+            if isinstance(result, dict):
+                reply: dict[str, Any] = {"role": "tool", "content": result.get("content") or ""}
+                if result.get("source_call_id") is not None:
+                    reply["tool_call_id"] = result["source_call_id"]
+                messages.append(reply)
+    return messages
+
+
+def trajectory_messages(trial_dir: Path) -> list[dict[str, Any]] | None:
+    """The agent's trajectory (``agent/trajectory.json``, ATIF) as chat messages; None when
+    the agent wrote none (``oracle`` talks to no model) or it is not JSON."""
     path = trial_dir / "agent" / "trajectory.json"
     if not path.is_file():
-        return []
+        return None
     try:
-        atif = json.loads(path.read_text())
+        document = json.loads(path.read_text())
     except (OSError, ValueError):
         logger.warning("%s is not JSON; the rollout keeps no trajectory", path)
-        return []
-    messages: list[dict[str, Any]] = []
-    for step in atif.get("steps") or []:
-        role = {"agent": "assistant", "user": "user", "system": "system"}.get(
-            str(step.get("source")), "assistant"
-        )
-        content = step.get("message")
-        message: dict[str, Any] = {
-            "role": role,
-            "content": content if isinstance(content, str) else json.dumps(content),
-        }
-        calls = step.get("tool_calls") or []
-        if calls:
-            message["tool_calls"] = [
-                {
-                    "id": str(call.get("tool_call_id", "")),
-                    "type": "function",
-                    "function": {
-                        "name": str(call.get("function_name", "")),
-                        "arguments": json.dumps(call.get("arguments") or {}),
-                    },
-                }
-                for call in calls
-            ]
-        messages.append(message)
-        messages.extend(
-            {
-                "role": "tool",
-                "tool_call_id": str(result.get("source_call_id") or ""),
-                "content": str(result.get("content") or ""),
-            }
-            for result in (step.get("observation") or {}).get("results") or []
-        )
-    return messages
+        return None
+    return messages_of(document) if isinstance(document, dict) else None
+
+
+def usage(result: Any) -> dict[str, float]:
+    """Token and cost totals Harbor counted over the trial (upstream's sample metrics)."""
+    try:
+        totals = result.compute_token_cost_totals()
+    except Exception:
+        return {}
+    names = ("input_tokens", "cached_tokens", "output_tokens", "cost_usd")
+    return {
+        name: float(value) for name, value in zip(names, totals, strict=False) if value is not None
+    }
 
 
 def _stored(path: Path) -> ExecutionResult | None:
@@ -150,25 +183,36 @@ def _with_timings(result: ExecutionResult, seconds: dict[str, float]) -> Executi
 
 def outcome(
     result: Any,
-    prompt: list[dict[str, Any]],
     trial_dir: Path,
     *,
     graded: bool,
     workflow: bool = False,
+    silent: bool = False,
 ) -> ExecutionOutcome:
     """The rollout's outcome: success with the verifier's reward, or a failure whose message
-    is the trial's exception (type and message, never a traceback)."""
+    is the trial's exception (type and message, never a traceback). A Harbor agent's sample is
+    its trajectory; a ``silent`` one (``oracle``) has none and a sample without messages."""
     seconds = timings(result)
     if workflow:
         return workflow_outcome(result, trial_dir, seconds, graded)
-    messages = [*prompt, *trajectory_messages(trial_dir)]
+    trajectory = trajectory_messages(trial_dir)
     error = getattr(result, "exception_info", None)
+    if trajectory is None and not silent and error is None:
+        missing = ExecutionResult(
+            status=RolloutStatus.FAILURE,
+            err_message="the agent wrote no trajectory (agent/trajectory.json) to train on",
+            err_category=RolloutErrorCategory.AGENT_ERROR,
+            extra_fields={"timings": seconds},
+        )
+        return ExecutionOutcome(workflow=missing)
+    messages = trajectory or []
     rewards = getattr(getattr(result, "verifier_result", None), "rewards", None) or {}
     reward = rewards.get("reward", next(iter(rewards.values()), None)) if rewards else None
     sample = RolloutSample(
         messages=messages,
         reward=float(reward) if reward is not None else None,
         metrics={
+            **usage(result),
             **seconds,
             **{f"reward_{k}": float(v) for k, v in rewards.items() if k != "reward"},
         },
@@ -203,4 +247,4 @@ def outcome(
     return ExecutionOutcome(workflow=done)
 
 
-__all__ = ["PHASES", "outcome", "timings", "trajectory_messages"]
+__all__ = ["PHASES", "messages_of", "outcome", "timings", "trajectory_messages", "usage"]
