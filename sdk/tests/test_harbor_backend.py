@@ -54,6 +54,10 @@ def test_environments_other_than_docker_and_bad_modes_are_refused(tmp_path: Path
         HarborBackend(tasks_dir=task, agent="oracle", task_mode="tasks")
     with pytest.raises(HarborBackendError, match="max_queue_depth must be 1 or more"):
         HarborBackend(tasks_dir=task, agent="oracle", max_queue_depth=0)
+    with pytest.raises(HarborBackendError, match="pass code_dir instead of a prebuilt wheel"):
+        HarborBackend(tasks_dir=task, agent="m:W", bundle="w.whl")
+    with pytest.raises(HarborBackendError, match="the workflow's packages go into the image"):
+        HarborBackend(tasks_dir=task, agent="m:W", patch_dockerfile_with_sdk=False)
 
 
 def test_which_task_a_rollout_runs(tmp_path: Path) -> None:

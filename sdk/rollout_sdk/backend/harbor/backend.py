@@ -33,6 +33,7 @@ from harbor.models.trial.config import EnvironmentConfig as HarborEnvironmentCon
 from harbor.models.trial.config import TaskConfig, TrialConfig, VerifierConfig
 from harbor.trial.trial import Trial
 
+from rollout_sdk.backend.artifacts import artifacts_dir
 from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.harbor import results
 from rollout_sdk.backend.harbor.egress import Egress, Route, build_relay
@@ -92,6 +93,46 @@ def _slots_of(orchestrator: Any) -> int:
     return DEFAULT_SANDBOX_SLOTS
 
 
+def _refuse_what_cannot_apply(
+    agent: Any,
+    grader: Any,
+    bundle: Any,
+    patch_dockerfile_with_sdk: bool | None,
+    environment_config: HarborEnvironmentConfig | None,
+    max_queue_depth: int | None,
+) -> None:
+    """Upstream's options this fleet cannot honour, each refused with what to do instead."""
+    if agent is None:
+        raise HarborBackendError(
+            "pass agent=: a Harbor agent name such as 'oracle', or an AgentWorkflow"
+        )
+    native = isinstance(agent, str) and ":" not in agent
+    if native and grader is not None:
+        raise HarborBackendError(
+            f"grader= with the Harbor agent {agent!r}: such a trial is graded by the task's "
+            "tests/test.sh; leave grader out (a Grader grades AgentWorkflow agents)"
+        )
+    if bundle is not None:
+        raise HarborBackendError(
+            "bundle=: this fleet packs the sandbox itself from code_dir (the project folder "
+            "with pyproject.toml); pass code_dir instead of a prebuilt wheel"
+        )
+    if patch_dockerfile_with_sdk is False and not native:
+        raise HarborBackendError(
+            "patch_dockerfile_with_sdk=False: a sandbox here cannot install packages when a "
+            "trial starts (it reaches only the TrainGate), so the workflow's packages go into "
+            "the image; leave the option out"
+        )
+    kind = environment_config.type if environment_config is not None else None
+    if kind not in (None, EnvironmentType.DOCKER):
+        raise HarborBackendError(
+            f"environment_config.type={kind.value!r}: this fleet runs sandboxes on a Docker "
+            "engine (DOCKER_HOST); use EnvironmentType.DOCKER"
+        )
+    if max_queue_depth is not None and max_queue_depth < 1:
+        raise HarborBackendError("max_queue_depth must be 1 or more, or None for unbounded")
+
+
 class HarborBackend(ExecutionBackend):
     def __init__(
         self,
@@ -117,22 +158,16 @@ class HarborBackend(ExecutionBackend):
         verified_tasks: Any = False,
     ) -> None:
         self.tasks_dir = Path(tasks_dir).resolve()
+        _refuse_what_cannot_apply(
+            agent, grader, bundle, patch_dockerfile_with_sdk, environment_config, max_queue_depth
+        )
         try:
             self.task_mode = TaskMode(task_mode)
         except ValueError:
             raise HarborBackendError(
                 f"task_mode={task_mode!r} is not a task mode: use 'template' or 'dataset'"
             ) from None
-        if agent is None:
-            raise HarborBackendError(
-                "pass agent=: a Harbor agent name such as 'oracle', or an AgentWorkflow"
-            )
         native = isinstance(agent, str) and ":" not in agent
-        if native and grader is not None:
-            raise HarborBackendError(
-                f"grader= with the Harbor agent {agent!r}: such a trial is graded by the task's "
-                "tests/test.sh; leave grader out (a Grader grades AgentWorkflow agents)"
-            )
         self.agent = agent if native else _name_of(agent)
         self.workflow: SandboxWorkflow | None = None
         if not native:
@@ -153,12 +188,6 @@ class HarborBackend(ExecutionBackend):
             if environment_config is not None
             else HarborEnvironmentConfig(type=EnvironmentType.DOCKER)
         )
-        kind = self.environment_config.type
-        if kind not in (None, EnvironmentType.DOCKER):
-            raise HarborBackendError(
-                f"environment_config.type={kind.value!r}: this fleet runs sandboxes on a "
-                "Docker engine (DOCKER_HOST); use EnvironmentType.DOCKER"
-            )
         self.environment_config.type = EnvironmentType.DOCKER
         root = Path(tempfile.gettempdir()) / f"rollout-harbor-{os.getuid()}"
         self.trials_dir = Path(trials_dir) if trials_dir else root / "trials"
@@ -167,8 +196,6 @@ class HarborBackend(ExecutionBackend):
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.cleanup_successful_trials = cleanup_successful_trials
         self.agent_setup_timeout_sec = agent_setup_timeout_sec
-        if max_queue_depth is not None and max_queue_depth < 1:
-            raise HarborBackendError("max_queue_depth must be 1 or more, or None for unbounded")
         self.max_queue_depth = max_queue_depth
         self.prewarm_mode = prewarm
         self.sandbox_slots = _slots_of(orchestrator)
@@ -436,6 +463,7 @@ class HarborBackend(ExecutionBackend):
                 silent=self.workflow is None and self.agent in SILENT_AGENTS,
             )
             succeeded = done.result.status is RolloutStatus.SUCCESS
+            await _keep_artifacts(trial_dir, request.id)
             return done
         finally:
             STAGED.pop(owner.trial_name, None)
@@ -445,6 +473,34 @@ class HarborBackend(ExecutionBackend):
                 shutil.rmtree(trial_dir, ignore_errors=True)
             elif trial_dir.is_dir():
                 logger.warning("rollout %s: its trial's logs are kept in %s", request.id, trial_dir)
+
+
+async def _keep_artifacts(trial_dir: Path, rollout_id: str) -> None:
+    """The trial's ``artifacts/`` (what the task collects from the sandbox) into the
+    rollout's artifacts directory, as upstream relocates them; links are not followed: the
+    sandbox made them."""
+    source = trial_dir / "artifacts"
+    if not source.is_dir() or not any(source.iterdir()):
+        return
+    target = await artifacts_dir(rollout_id)
+    if target is None:
+        return
+
+    def copy() -> None:
+        for path in sorted(source.rglob("*")):
+            relative = path.relative_to(source)
+            if path.is_symlink():
+                continue
+            if path.is_dir():
+                (target / relative).mkdir(parents=True, exist_ok=True)
+            elif path.is_file():
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target / relative)
+
+    try:
+        await asyncio.to_thread(copy)
+    except OSError as exc:
+        logger.warning("rollout %s: its trial's artifacts were not kept: %s", rollout_id, exc)
 
 
 def _prune(folder: Path, older_than: float) -> int:
