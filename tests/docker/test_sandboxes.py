@@ -12,16 +12,20 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
+import httpx
 import pytest
 
+from rollout_fleet.processes import free_port, wait_until
 from rollout_fleet.redis_server import RedisServer
 from tests.conftest import V2_ENV, StartFleet
 from tests.docker.harbor_folders import (
@@ -31,7 +35,7 @@ from tests.docker.harbor_folders import (
     write_template_rollout,
 )
 from tests.docker.stack import COMPOSE_PLUGIN, Trainer, docker_host
-from tests.harness import V2FleetUnderTest, v2_body
+from tests.harness import LEASE_HEADER, V2FleetUnderTest, v2_body
 
 FLEET_LABEL = "org.rollout-fleet.fleet"
 ROLLOUT_LABEL = "org.rollout-fleet.rollout"
@@ -387,3 +391,52 @@ def test_a_sandbox_reaches_the_traingate_and_nothing_else(
             server.terminate()
             server.wait(10)
         redis.stop()
+
+
+def test_up_runs_the_workspace_template_shaped_folder_unchanged(
+    engine: docker.DockerClient, docker_config: Path, tmp_path: Path
+) -> None:
+    main = write_template_rollout(tmp_path / "multiply-harbor-strands")
+    trainer = Trainer(host_address(), tmp_path / "mock-trainer.log")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(sandbox_env(engine, docker_config))
+    env.update(
+        {
+            "ROLLOUT_FLEET_SANDBOX_BUILD_NETWORK": "host",
+            "ROLLOUT_FLEET_ALLOWED_TRAINER_URLS": trainer.url,
+        }
+    )
+    log_path = tmp_path / "up.log"
+    argv = [sys.executable, "-m", "rollout_fleet", "up", "--agent", str(main)]
+    argv += ["--workers", "1", "--no-flower", "--port", str(port)]
+    with log_path.open("w") as log:
+        up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: "Press Ctrl-C to stop." in log_path.read_text(), 180, "up")
+            gateway = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+            admitted = []
+            for label in ("42", "41"):
+                body = v2_body(trainer.url, label=label)
+                response = gateway.post("/rollout", json=body)
+                assert response.status_code == 202, response.text
+                admitted.append((body["rollout_id"], response.json()["polling_lease_token"]))
+            rewards = []
+            for rollout_id, token in admitted:
+                deadline = time.monotonic() + 300
+                result: dict[str, Any] = {"status": "queued"}
+                while result["status"] not in ("success", "failure", "cancelled"):
+                    assert time.monotonic() < deadline, log_path.read_text()[-5000:]
+                    result = gateway.get(
+                        f"/rollout/{rollout_id}/result", headers={LEASE_HEADER: token}
+                    ).json()
+                assert result["status"] == "success", result
+                rewards.append(result["sample"]["reward"])
+                none_left(engine, f"{ROLLOUT_LABEL}={rollout_id}", within=5)
+            assert rewards == [1.0, 0.0]
+            up.send_signal(signal.SIGINT)
+            assert up.wait(60) == 0, log_path.read_text()[-3000:]
+        finally:
+            if up.poll() is None:
+                up.kill()
+            trainer.stop()
