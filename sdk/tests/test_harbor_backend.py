@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import textwrap
 import time
@@ -16,7 +17,7 @@ from harbor.models.trial.config import EnvironmentConfig
 
 from rollout_sdk.agent_workflow import AgentWorkflow
 from rollout_sdk.backend.harbor import HarborBackend, HarborBackendError, TaskMode
-from rollout_sdk.backend.harbor.egress import Route, overlay
+from rollout_sdk.backend.harbor.egress import RefusedRoute, Route, checked, overlay
 from rollout_sdk.backend.harbor.relay import serve
 from rollout_sdk.backend.harbor.results import messages_of
 from rollout_sdk.backend.harbor.sandbox import SandboxOwner
@@ -225,3 +226,24 @@ def test_an_atif_trajectory_reads_as_chat_messages() -> None:
     assert messages_of({"messages": [{"role": "user", "content": "x"}]}) == [
         {"role": "user", "content": "x"}
     ]
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://169.254.169.254/v1", "link-local address 169.254.169.254 (cloud metadata)"),
+        ("http://2852039166/v1", "link-local address 169.254.169.254 (cloud metadata)"),
+        ("http://[::ffff:169.254.169.254]/v1", "link-local address 169.254.169.254"),
+        ("http://metadata.google.internal/v1", "names a cloud metadata service"),
+        ("http://localhost:9/v1", "loopback address"),
+        ("http://0x7f000001:9/v1", "loopback address 127.0.0.1"),
+    ],
+)
+def test_a_traingate_route_to_a_refused_address_is_one_line(url: str, why: str) -> None:
+    with pytest.raises(RefusedRoute, match=re.escape(why)):
+        asyncio.run(checked(Route.to(url)))
+
+
+def test_an_allowed_traingate_keeps_its_address_and_alias() -> None:
+    route = asyncio.run(checked(Route.to("http://10.1.2.3:9001/v1/rollouts/r1")))
+    assert (route.host, route.port, route.alias) == ("10.1.2.3", 9001, "traingate")

@@ -36,7 +36,7 @@ from harbor.trial.trial import Trial
 from rollout_sdk.backend.artifacts import artifacts_dir
 from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.harbor import results
-from rollout_sdk.backend.harbor.egress import Egress, Route, build_relay
+from rollout_sdk.backend.harbor.egress import Egress, RefusedRoute, Route, build_relay, checked
 from rollout_sdk.backend.harbor.egress import overlay as egress_overlay
 from rollout_sdk.backend.harbor.harness import IMPORT_PATH, STAGED, Staging
 from rollout_sdk.backend.harbor.in_sandbox import StagedRollout
@@ -406,7 +406,7 @@ class HarborBackend(ExecutionBackend):
         if self.egress is Egress.OPEN:
             return {}, None
         url = (ctx.chat_completions_url if ctx else "") or ""
-        route = Route.to(url) if url and self._talks_to_the_model() else None
+        route = await checked(Route.to(url)) if url and self._talks_to_the_model() else None
         image = await build_relay(self.build_network) if route is not None else None
         return egress_overlay(owner.labels(), route, image), route
 
@@ -421,6 +421,8 @@ class HarborBackend(ExecutionBackend):
                 return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
         try:
             extra, route = await self._egress(ctx, owner)
+        except RefusedRoute as exc:
+            return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
         except EngineError as exc:
             message = f"the sandbox's egress relay is not ready: {exc}"
             return _failed(message, RolloutErrorCategory.INTERNAL_ERROR)

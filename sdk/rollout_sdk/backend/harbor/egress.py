@@ -14,8 +14,10 @@ for tasks whose tests fetch from the internet.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
+import socket
 import tempfile
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,9 +37,14 @@ class Egress(StrEnum):
     OPEN = "open"
 
 
+class RefusedRoute(ValueError):
+    """The TrainGate's host resolves to an address no sandbox may reach."""
+
+
 @dataclass(frozen=True)
 class Route:
-    """The relay for one TrainGate URL, and that URL as the sandbox sees it."""
+    """The relay for one TrainGate URL, and that URL as the sandbox sees it. ``host`` is
+    what the relay connects to: after :func:`checked`, an address, not a name."""
 
     host: str
     port: int
@@ -57,6 +64,39 @@ class Route:
         if parts.username or parts.password:
             netloc = f"{parts.netloc.rsplit('@', 1)[0]}@{netloc}"
         return cls(host, port, IP_ALIAS, urlunsplit(parts._replace(netloc=netloc)))
+
+
+async def checked(route: Route) -> Route:
+    """``route`` with its host resolved here and checked as the SDK's clients check every
+    address they connect to (rollout_sdk/client/destinations.py: never link-local or cloud
+    metadata, nor an operator's refused networks; and, for a sandbox, never this host's
+    loopback). The relay connects to that address, so a name that resolves elsewhere later
+    (DNS rebinding) never takes the sandbox anywhere else."""
+    from rollout_sdk.client.destinations import host_address, refused_address, refused_host
+    from rollout_sdk.config import get_settings
+
+    networks = get_settings().client.refused_networks
+    why = refused_host(route.host, networks)
+    if why is not None:
+        raise RefusedRoute(f"the TrainGate host {route.host} {why}")
+    literal = host_address(route.host)
+    if literal is not None:
+        addresses = [literal]
+    else:
+        loop = asyncio.get_running_loop()
+        try:
+            found = await loop.getaddrinfo(route.host, route.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise RefusedRoute(f"the TrainGate host {route.host} does not resolve: {exc}") from None
+        addresses = [ipaddress.ip_address(entry[4][0]) for entry in found]
+    for address in addresses:
+        refused = refused_address(address, networks)
+        if refused is None and address.is_loopback:
+            refused = f"loopback address {address}, which no sandbox reaches"
+        if refused is not None:
+            raise RefusedRoute(f"the TrainGate host {route.host} resolves to a {refused}")
+    chosen = sorted(addresses, key=lambda a: a.version)[0]  # IPv4 first: the relay's way out
+    return Route(str(chosen), route.port, route.alias, route.url)
 
 
 def relay_image() -> str:
@@ -102,4 +142,4 @@ def overlay(labels: dict[str, str], route: Route | None, image: str | None) -> d
     return {"services": services, "networks": networks}
 
 
-__all__ = ["Egress", "Route", "build_relay", "overlay", "relay_image"]
+__all__ = ["Egress", "RefusedRoute", "Route", "build_relay", "checked", "overlay", "relay_image"]

@@ -141,7 +141,7 @@ def workflow_outcome(
         reason = (
             f"{error.exception_type}: {error.exception_message}"
             if error is not None
-            else (said[0] if said else "it wrote no result")
+            else (said[0][:300] if said else "it wrote no result")
         )
         failed = ExecutionResult(
             status=RolloutStatus.FAILURE,
