@@ -3,6 +3,7 @@ processes: gateways and Celery workers against a real redis-server and the mock 
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import pytest
@@ -247,3 +248,30 @@ def test_f10_a_message_lost_behind_a_backlog_is_resent_and_every_rollout_runs_on
     resent = [i for i in backlog if handle.record(i).get("resent_at")]
     assert resent == [backlog[0]], resent
     assert handle.record(backlog[0])["attempt"] == "1"
+
+
+def test_a_cancel_during_a_v1_admission_is_kept_and_ends_the_rollout_cancelled(
+    start_fleet: StartFleet,
+) -> None:
+    """A cancel that arrives while the admission still runs get_tools is not lost: the
+    admission commits with it, and the trainer hears once that the rollout was cancelled."""
+    handle = start_fleet(workers=1, env={"ROLLOUT_FLEET_GET_TOOLS_TIMEOUT_SECONDS": "20"})
+    try:
+        rollout_id = new_id("admitting")
+        body = handle.body(rollout_id, metadata={"get_tools": "hang", "hang_s": 6})
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            admission = pool.submit(handle.init, body)
+            handle.wait_status(rollout_id, {"admitting"})
+            done = fleet_cli(handle, "cancel", rollout_id)
+            assert handle.record(rollout_id)["status"] == "admitting"  # still running get_tools
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert f"{rollout_id}: cancelled_queued" in done.stdout
+            assert admission.result(60).status_code == 202
+        delivered = handle.wait_delivered([rollout_id])[rollout_id]
+        time.sleep(LEASE)  # a second callback would come within a lease
+        delivered = handle.trainer.deliveries()[rollout_id]
+        assert [d["status"] for d in delivered] == ["ERROR"]
+        assert "cancelled" in delivered[0]["error_message"]
+        assert handle.trainer.calls("chat", rollout_id) == []  # never ran
+    finally:
+        handle.close()

@@ -5,8 +5,15 @@
 -- KEYS: record   ARGV: ttl_ms, cancelled_result ('' for none)
 -- -> CANCEL.cancelled_queued | CANCEL.cancelled_running | CANCEL.finished | CANCEL.unknown
 local status = redis.call('HGET', KEYS[1], FIELD.status)
-if not status or status == STATUS.admitting then
+if not status then
   return CANCEL.unknown
+end
+-- A v1 admission still running (get_tools): the request waits in the record; once committed
+-- the rollout is queued with it, and the worker that claims it cancels it. An admission that
+-- fails takes the record, and the request, with it.
+if status == STATUS.admitting then
+  redis.call('HSET', KEYS[1], FIELD.cancel_requested, 1)
+  return CANCEL.cancelled_queued
 end
 -- A delivering v1 rollout has its result, and its callback may be on the wire: stopping it
 -- could only make the trainer hear twice. It counts as finished.
