@@ -30,6 +30,7 @@ from rollout_fleet import state
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.reaper import Reaper
 from rollout_fleet.redis_server import RedisServer
+from rollout_fleet.up import START_TIMEOUT_SECONDS
 from rollout_sdk.client import RolloutClient
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.core.schemas import InitResponse, RolloutRequest, RolloutResponse
@@ -141,10 +142,6 @@ class FleetExecutor:
     _where: str = field(default="", init=False)
 
     @property
-    def bridge_host(self) -> str:
-        return self.config.fleet.bridge_host
-
-    @property
     def default_in_flight(self) -> int:
         if self.fleet is None:
             return EXTERNAL_FLEET_IN_FLIGHT
@@ -196,7 +193,9 @@ class FleetExecutor:
             concurrency=target.concurrency,
             process_group=group,
         )
-        self.fleet.start()  # a child that exits (ChildExited) or a timeout: the caller says so
+        # A child that exits (ChildExited) or a timeout: the caller says so. As long as `up`
+        # waits: a sandboxed agent's gateway imports Harbor, slow on a loaded machine.
+        self.fleet.start(START_TIMEOUT_SECONDS)
         return self.fleet.gateway_url
 
     def _stop_fleet(self) -> None:
@@ -250,6 +249,7 @@ class FleetExecutor:
             completion_params=dict(self.options.completion_params),
             max_turns=self.options.max_turns,
             max_tokens_total=MAX_TOKENS_TOTAL,
+            api_key=job.bridge.key,  # the bridge's: the model endpoint's own stays here
             metadata={
                 "ground_truth": job.row.ground_truth,
                 **job.row.extra,
@@ -296,6 +296,7 @@ class FleetExecutor:
                 initial_messages=[dict(message) for message in job.row.messages],
                 chat_completions_url=f"{job.bridge.url}/v1/rollouts/{job.rollout_id}",
                 rollout_id=job.rollout_id,
+                llm_api_key=job.bridge.key,  # the bridge's: the model endpoint's own stays here
                 label=job.row.ground_truth,
                 metadata={**(job.row.metadata or job.row.extra), **job.metadata},
                 agent_timeout_sec=self.options.agent_timeout_s,

@@ -10,7 +10,12 @@ import httpx
 import pytest
 
 from rollout_sdk.client import new_http_client
-from rollout_sdk.client.destinations import host_address, parse_networks, refused_host
+from rollout_sdk.client.destinations import (
+    host_address,
+    loopback_host,
+    parse_networks,
+    refused_host,
+)
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.config.settings import RolloutClientSettings
 
@@ -115,3 +120,19 @@ async def test_a_name_is_checked_on_the_address_it_resolves_to() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        *("127.0.0.1", "127.9.9.9", "2130706433", "127.1", "[::1]", "::ffff:127.0.0.1"),
+        *("0.0.0.0", "localhost", "LOCALHOST.", "gate.localhost"),
+    ],
+)
+def test_every_form_of_this_hosts_loopback_is_loopback(host: str) -> None:
+    assert loopback_host(host)
+
+
+@pytest.mark.parametrize("host", ["192.0.2.2", "10.0.0.1", "[2001:db8::1]", "traingate", "a.b"])
+def test_other_hosts_are_not_loopback(host: str) -> None:
+    assert not loopback_host(host)

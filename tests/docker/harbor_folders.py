@@ -7,10 +7,14 @@ module level. ``write_template_rollout``: a folder shaped like the osmosis works
 template's ``multiply-harbor-strands``: a project (``pyproject.toml``) with a Strands
 ``AgentWorkflow`` and a ``Grader`` in a package, the task beside them without tests (the
 Grader is the verifier), and a ``main.py`` that builds the backend and serves it in ``main()``.
+``write_template_workspace``: that folder in a workspace shaped like the template's, with its
+eval TOML (``configs/eval/multiply-harbor-strands.toml``) and a multiply dataset
+(``data/multiply.jsonl``).
 """
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -230,6 +234,52 @@ def write_template_rollout(folder: Path) -> Path:
     return folder / "main.py"
 
 
+# The workspace template's eval config for the folder, as it ships (its comments shortened).
+EVAL_TOML = """\
+# Multiply eval - Harbor Strands backend.
+# Run locally: rollout-fleet eval run configs/eval/multiply-harbor-strands.toml
+
+[experiment]
+rollout = "multiply-harbor-strands"
+entrypoint = "main.py"
+model_path = "openai/gpt-5-mini"      # LiteLLM-style model name
+dataset = "multiply"
+
+[evaluation]
+# limit = 200 # First N rows; local omit runs all.
+n = 1
+pass_threshold = 1.0
+agent_workflow_timeout_s = 450
+grader_timeout_s = 150
+
+[secrets]
+required = ["OPENAI_API_KEY"]
+"""
+
+# The template's system prompt; questions the mock TrainGate's calculator answers.
+MULTIPLIER = (
+    "\nYou are a helpful multiplier. You will be given two values and you need to output the "
+    "product of them.\n\nOutput your solution on a new line with #### and the answer after "
+    'it, like "#### {your answer}"\n'
+)
+
+
+def write_template_workspace(root: Path, questions: list[tuple[str, str]]) -> Path:
+    """A workspace: the template-shaped rollout folder, its eval TOML, and ``questions``
+    (``("12 * 8", "96")``: question and ground truth) as the dataset; the TOML's path."""
+    write_template_rollout(root / "rollouts" / "multiply-harbor-strands")
+    (root / "data").mkdir(parents=True)
+    rows = [
+        {"system_prompt": MULTIPLIER, "user_prompt": f"What is {question}?", "ground_truth": truth}
+        for question, truth in questions
+    ]
+    (root / "data" / "multiply.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = root / "configs" / "eval" / "multiply-harbor-strands.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(EVAL_TOML)
+    return config
+
+
 PROBE_WORKFLOW = '''\
 """Try to connect to every address in metadata["probe"], then ask the policy once."""
 
@@ -313,4 +363,5 @@ __all__ = [
     "write_probe_rollout",
     "write_task",
     "write_template_rollout",
+    "write_template_workspace",
 ]

@@ -138,6 +138,18 @@ def refused_address(address: IPAddress, networks: Sequence[IPNetwork] = ()) -> s
     return None
 
 
+def loopback_host(host: str) -> bool:
+    """Whether ``host`` names this host's own loopback (``127.0.0.0/8``, ``::1``, ``0.0.0.0``
+    or ``localhost``, in any form a resolver reads), where no container of an engine reaches
+    it."""
+    address = host_address(host)
+    if address is None:
+        name = host.lower().rstrip(".")
+        return name == "localhost" or name.endswith(".localhost")
+    reached = _embedded_ipv4(address) or address
+    return reached.is_loopback or reached in _THIS_HOST_V4 or reached == _ANY_V6
+
+
 def refused_host(host: str, networks: Sequence[IPNetwork] = ()) -> str | None:
     """Why a URL whose host is ``host`` is refused as written; None if it may be admitted (a
     name is checked again on each address it resolves to)."""
@@ -235,6 +247,7 @@ __all__ = [
     "RefusedDestination",
     "checked_transport",
     "host_address",
+    "loopback_host",
     "parse_networks",
     "refused_address",
     "refused_host",

@@ -246,6 +246,16 @@ def eval_app(
         quiet: Annotated[
             bool, typer.Option("-q", "--quiet", help="Print only the summary, not each item")
         ] = False,
+        bridge_host: Annotated[
+            str | None,
+            typer.Option(
+                "--bridge-host",
+                metavar="ADDRESS",
+                help="The address the local model bridge listens on, where the rollouts reach "
+                "it (default: the TOML's [fleet] bridge_host, else loopback, or this host's "
+                "address on its default route for an agent whose sandboxes call the model)",
+            ),
+        ] = None,
         fleet: Annotated[
             str | None,
             typer.Option(
@@ -285,9 +295,12 @@ def eval_app(
             raise _fail(f"--fleet is rollout-fleet eval run's: {program} runs items in itself")
         try:
             config = build_config(config_file, flags)
-            if fleet is not None:
-                target = dataclasses.replace(config.fleet, gateway_url=fleet)
-                config = dataclasses.replace(config, fleet=target)
+            target = dataclasses.replace(
+                config.fleet,
+                gateway_url=config.fleet.gateway_url if fleet is None else fleet,
+                bridge_host=bridge_host or config.fleet.bridge_host,
+            )
+            config = dataclasses.replace(config, fleet=target)
             require_secrets(config)  # before the agent: it may need them to import
             os.environ.update(config.env)  # the agent's: in this process and a fleet it starts
             fns = load_eval_fns(eval_fn or [])

@@ -11,7 +11,9 @@ error listing every issue.
 Ours: ``[model]`` — the OpenAI-compatible endpoint the policy is served from (``base_url``,
 ``model``, ``api_key_env``) — and ``[fleet]`` — an existing gateway (``gateway_url``,
 ``api_key_env``) or a fleet started for the run (``workers``, ``concurrency``), and the address
-its workers reach this machine's bridge on (``bridge_host``).
+this machine's model bridge listens on, where the workers and the agent's sandboxes reach it
+(``bridge_host``; by default loopback, or this host's address on its default route for an
+agent whose sandboxes call the model: :mod:`.listen`).
 
 The agent is ``rollouts/<rollout>/<entrypoint>`` of the workspace: the nearest directory, from
 the config file's upwards, that has a ``rollouts`` folder.
@@ -36,6 +38,7 @@ ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 SECRET_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 RESERVED_ENV_PREFIX = "_OSMOSIS_"
 DATASET_SUFFIXES = (".jsonl", ".parquet", ".csv")
+DATASET_FOLDERS = ("datasets", "data")
 # What a pydantic error type means in a config issue line ("must be an integer, got 'x'").
 EXPECTED = {
     "bool_parsing": "a boolean",
@@ -114,7 +117,7 @@ class _Fleet(_Section):
     api_key_env: str | None = None
     workers: int = Field(2, ge=1)
     concurrency: int | None = Field(None, ge=1)
-    bridge_host: str = "127.0.0.1"
+    bridge_host: str | None = None
 
 
 class _Advanced(BaseModel):
@@ -152,7 +155,7 @@ class FleetTarget:
     api_key_env: str | None = None
     workers: int = 2
     concurrency: int | None = None
-    bridge_host: str = "127.0.0.1"
+    bridge_host: str | None = None  # None: loopback, or where the agent's sandboxes reach it
 
 
 @dataclass(frozen=True)
@@ -306,15 +309,19 @@ def _agent(experiment: _Experiment, workspace: Path) -> str:
 
 def resolve_dataset(name: str, workspace: Path) -> Path:
     """A dataset file: ``name`` as a path (from here, then the workspace), else a file of that
-    name in the workspace's ``datasets`` folder."""
+    name in the workspace's ``datasets`` or ``data`` folder (the workspace template's)."""
     candidates = [Path(name), workspace / name]
-    candidates += [workspace / "datasets" / f"{name}{suffix}" for suffix in DATASET_SUFFIXES]
+    candidates += [
+        workspace / folder / f"{name}{suffix}"
+        for folder in DATASET_FOLDERS
+        for suffix in DATASET_SUFFIXES
+    ]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
     raise EvalConfigError(
         f"dataset {name!r} not found (looked for it as a file here, in {workspace} and in its "
-        f"datasets folder); give a file with --dataset-file"
+        f"datasets and data folders); give a file with --dataset-file"
     )
 
 

@@ -17,7 +17,6 @@ class LocalExecutor:
     agent: Agent
     options: RunOptions = field(default_factory=RunOptions)
     default_in_flight: int = 1
-    bridge_host: str = "127.0.0.1"
     where: str = "in this process"
 
     async def __aenter__(self) -> Self:

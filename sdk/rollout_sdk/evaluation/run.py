@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.evaluation.config import EvalConfig, ModelEndpoint
+from rollout_sdk.evaluation.listen import BridgeHostError, Listening, bridge_address
 from rollout_sdk.evaluation.metrics import EvalMetrics, model_metrics
 from rollout_sdk.evaluation.probe import EndpointDown, probe_endpoints
 from rollout_sdk.evaluation.report import render
@@ -64,11 +65,6 @@ class Job:
 
 class Executor(Protocol):
     """Runs jobs: in this process, or on a fleet. Entered once around the whole run."""
-
-    @property
-    def bridge_host(self) -> str:
-        """Where the rollouts reach this machine's bridges."""
-        ...
 
     @property
     def default_in_flight(self) -> int:
@@ -207,11 +203,13 @@ async def _scored(
 
 
 class _Bridges:
-    """One local TrainGate per model of the run."""
+    """One local TrainGate per model of the run, each taking only calls with its own key."""
 
     def __init__(self, endpoints: dict[str, ModelEndpoint]) -> None:
         self.by_model = {
-            name: LLMBridge(endpoint.base_url, endpoint.model, endpoint.api_key)
+            name: LLMBridge(
+                endpoint.base_url, endpoint.model, endpoint.api_key, key=secrets.token_urlsafe(32)
+            )
             for name, endpoint in endpoints.items()
         }
 
@@ -225,7 +223,12 @@ class _Bridges:
 
     async def start(self, host: str) -> None:
         for bridge in self.by_model.values():
-            await bridge.start(host)
+            try:
+                await bridge.start(host)
+            except OSError as exc:
+                raise EvalError(
+                    f"the model bridge cannot listen on {host}: {exc.strerror or exc}"
+                ) from None
 
     async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
         for bridge in self.by_model.values():  # stopping: calls under way are dropped
@@ -391,6 +394,10 @@ async def run_eval(
     name = options.name or default_name(config)
     if not RUN_NAME.match(name):
         raise EvalError(f"run name {name!r}: use letters, digits, '.', '_' and '-' (64 at most)")
+    try:
+        listening = bridge_address(agent, config.fleet.bridge_host)
+    except BridgeHostError as exc:
+        raise EvalError(str(exc)) from None
     rows = _rows(agent, config, options)
     plan = _plan(config, options, sorted(rows))
     run = RunDirectory.open(options.output, name, plan, fresh=options.fresh)
@@ -409,14 +416,17 @@ async def run_eval(
         if pending:
             await probe_endpoints(endpoints)
             # Left in this order: a stopped fleet makes no more calls to the bridges.
-            async with _Bridges(endpoints) as bridges, executor:
-                console.print(f"running {executor.where}", soft_wrap=True, highlight=False)
-                await bridges.start(executor.bridge_host)
-                jobs = _jobs(pending, rows, bridges)
-                await _dispatch(
-                    jobs, executor, run, options, config.pass_threshold, console, bridges
-                )
-                fatal = bridges.fatal
+            async with _Bridges(endpoints) as bridges:
+                await bridges.start(listening.host)  # before the fleet: it may not listen
+                if listening.why is not None:
+                    console.print(_listening_line(bridges, listening), soft_wrap=True)
+                async with executor:
+                    console.print(f"running {executor.where}", soft_wrap=True, highlight=False)
+                    jobs = _jobs(pending, rows, bridges)
+                    await _dispatch(
+                        jobs, executor, run, options, config.pass_threshold, console, bridges
+                    )
+                    fatal = bridges.fatal
     except EndpointDown as exc:
         raise EvalError(str(exc)) from None
     except asyncio.CancelledError:
@@ -429,6 +439,14 @@ async def run_eval(
     metrics = summarise(run, plan, f"Evaluation {name}")
     _print_summary(console, run, plan, metrics, options.again)
     return EvalOutcome(run.path, metrics, interrupted=False, stopped_early=fatal)
+
+
+def _listening_line(bridges: _Bridges, listening: Listening) -> str:
+    urls = ", ".join(bridge.url for bridge in bridges.by_model.values())
+    return (
+        f"model bridge on {urls} ({listening.why}); it takes only this run's rollouts, "
+        "which carry its key"
+    )
 
 
 def _stopped_line(

@@ -7,16 +7,22 @@ tools are added to every call, as a trainer would); v2 agents post OpenAI's own 
 rollout's token usage, upstream failures and (when asked) a trace of its calls, and lets a
 :class:`Stepper` pause before every call (the interactive mode). For v1 rollouts run by a fleet
 (an evaluation) it also takes their completion callbacks, as a trainer would.
+
+Given a ``key`` (an evaluation always gives one: a random key of its own), every call must
+carry it as ``Authorization: Bearer <key>``, as a TrainGate's rollout key: the rollouts of the
+run get it as their API key, and whoever else reaches the bridge's port cannot spend the model
+endpoint's credentials through it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -166,9 +172,11 @@ class LLMBridge:
         *,
         stepper: Stepper | None = None,
         trace: bool = False,
+        key: str | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.model = model
+        self.key = key  # what every call must carry (None: any call is taken)
         self.stepper = stepper
         self.traces: dict[str, list[dict[str, Any]]] | None = {} if trace else None
         self.tools: dict[str, list[Any]] = {}  # v1 rollout id → tools sent with every call
@@ -182,19 +190,25 @@ class LLMBridge:
         self.url = ""
 
     async def start(self, host: str = "127.0.0.1") -> str:
-        """Serve on a free port of ``host`` (loopback unless a fleet elsewhere must reach
-        it); returns the bridge's URL."""
+        """Serve on a free port of ``host`` (loopback unless a fleet elsewhere or a sandbox
+        must reach it); returns the bridge's URL."""
         app = Starlette(
             routes=[
-                Route("/v1/chat/completions", self._v1_call, methods=["POST"]),
-                Route("/v1/rollout/completed", self._v1_completed, methods=["POST"]),
+                Route("/v1/chat/completions", self._keyed(self._v1_call), methods=["POST"]),
+                Route("/v1/rollout/completed", self._keyed(self._v1_completed), methods=["POST"]),
                 Route(
-                    "/v1/rollouts/{rollout_id}/chat/completions", self._v2_call, methods=["POST"]
+                    "/v1/rollouts/{rollout_id}/chat/completions",
+                    self._keyed(self._v2_call),
+                    methods=["POST"],
                 ),
             ]
         )
         listener = socket.socket()
-        listener.bind((host, 0))
+        try:
+            listener.bind((host, 0))
+        except OSError:
+            listener.close()
+            raise
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._serving = asyncio.create_task(self._server.serve(sockets=[listener]))
@@ -229,6 +243,19 @@ class LLMBridge:
             kept.pop(rollout_id, None)
 
     # --- routes ---------------------------------------------------------------------------
+
+    def _keyed(self, route: Callable[[Request], Awaitable[Response]]) -> Callable[..., Any]:
+        """``route``, for calls that carry the bridge's key (all of them without a key)."""
+
+        async def checked(request: Request) -> Response:
+            if self.key is not None and not _carries(request, self.key):
+                return JSONResponse(
+                    {"detail": "this bridge takes only its run's rollouts: send their API key"},
+                    status_code=401,
+                )
+            return await route(request)
+
+        return checked
 
     async def _v1_call(self, request: Request) -> Response:
         body = await _json(request)
@@ -345,6 +372,11 @@ async def _drop_calls(server: uvicorn.Server) -> None:
         await asyncio.wait(calls, timeout=DROP_WAIT_SECONDS)
     finally:
         errors.disabled = was_disabled
+
+
+def _carries(request: Request, key: str) -> bool:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
 
 
 async def _json(request: Request) -> dict[str, Any]:

@@ -181,7 +181,9 @@ class LocalRunner:
             return _failed(row, rollout_id, problem, RolloutErrorCategory.VALIDATION_ERROR)
         self.bridge.tools[rollout_id] = tools
         log_dir = str(self.options.log_dir) if self.options.log_dir else None
-        async with OsmosisLLMClient(self.bridge.url, rollout_id, settings=self._settings) as client:
+        async with OsmosisLLMClient(
+            self.bridge.url, rollout_id, self.bridge.key, settings=self._settings
+        ) as client:
             ctx = RolloutContext(
                 request, prepared.tools, client, _start_time=time.monotonic(), _debug_dir=log_dir
             )
@@ -216,7 +218,7 @@ class LocalRunner:
         )
         ctx = V2Context(
             chat_completions_url=f"{self.bridge.url}/v1/rollouts/{rollout_id}",
-            api_key=None,
+            api_key=self.bridge.key,
             rollout_id=rollout_id,
         )
         if isinstance(agent, ExecutionBackend):  # runs the rollout its own way (a sandbox)

@@ -14,7 +14,6 @@ construction with what to do instead.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import shutil
@@ -49,6 +48,7 @@ from rollout_sdk.backend.harbor.sandbox import (
 )
 from rollout_sdk.backend.harbor.tasks import PreparedTasks, TaskError, TaskMode, task_folder
 from rollout_sdk.backend.harbor.workflows import PackingError, SandboxWorkflow
+from rollout_sdk.client.destinations import loopback_host
 from rollout_sdk.context import get_rollout_context
 from rollout_sdk.types.sample import (
     ExecutionOutcome,
@@ -249,6 +249,12 @@ class HarborBackend(ExecutionBackend):
                 "running": self.running,
             },
             "sandboxes": self.sandbox_figures(),
+            # Upstream's sign, read by local evaluations: a sandbox that calls the model cannot
+            # reach this host's loopback, so the chat endpoint must listen elsewhere.
+            "chat_endpoint": {
+                "environment": "docker",
+                "requires_public_url": self._talks_to_the_model(),
+            },
         }
 
     def sandbox_figures(self) -> dict[str, int]:
@@ -529,12 +535,7 @@ class _Endpoint:
 
 def _reachable(url: str) -> None:
     """Refuse a TrainGate on this host's loopback: no sandbox can reach it."""
-    host = (urlsplit(url).hostname or "").lower()
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost" or host.endswith(".localhost")
-    if loopback:
+    if loopback_host(urlsplit(url).hostname or ""):
         raise TaskError(
             f"chat_completions_url {url} is on this host's loopback, which a sandbox cannot "
             "reach: give the trainer an address the sandbox engine's containers reach"
