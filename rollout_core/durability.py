@@ -103,14 +103,22 @@ class SharedQueue(StartRefused):
 
 
 async def queue_conflict(store: RecordStore) -> str | None:
-    """Why this fleet's queue is not its own, with the fix; None if it is (registering it for
-    this fleet's prefix if nobody holds it). A Redis whose ACL forbids the registration key
+    """Why this fleet's queue is not its own, or its prefix's fleet uses another queue, with
+    the fix; None if both agree (registering them if nobody has). A Redis whose ACL forbids the registration key
     cannot tell: None, with a warning."""
     try:
-        owner = await store.own_queue()
+        owner, queue = await store.own_queue()
     except StoreReplyError as exc:
         logger.warning("cannot register the queue's key prefix in Redis (%s): not checked", exc)
         return None
+    if queue != store.queue:
+        return (
+            f"the fleet with key prefix {store.keys.prefix!r} uses the queue {queue!r}, and "
+            f"this process has {store.queue!r}: each would take the other's rollouts for lost "
+            "and resend them. Give every process of one fleet the same ROLLOUT_FLEET_QUEUE "
+            "(or this one its own ROLLOUT_FLEET_KEY_PREFIX); if the old queue is gone for "
+            f"good, delete the Redis key {store.keys.fleet_queue}"
+        )
     if owner == store.keys.prefix:
         return None
     return (

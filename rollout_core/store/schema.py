@@ -285,6 +285,11 @@ class Keys:
         return self._named("fleet-key")
 
     @property
+    def fleet_queue(self) -> str:
+        """The queue this prefix's fleet uses (the first of its processes registered it)."""
+        return self._named("queue")
+
+    @property
     def deployment(self) -> str:
         return self._named("deployment")
 

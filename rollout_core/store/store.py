@@ -829,11 +829,17 @@ class RecordStore:
         outside any fleet's prefix: fleets with different prefixes must all see it)."""
         return f"_rollout_fleet.queue_owner.{self.queue}"
 
-    async def own_queue(self) -> str:
-        """Register this fleet's key prefix as the queue's user unless another is registered;
-        the prefix registered (ours, or the other fleet's)."""
-        await self._redis.set(self.queue_owner_key, self.keys.prefix, nx=True)
-        return await self.queue_owner() or self.keys.prefix
+    async def own_queue(self) -> tuple[str, str]:
+        """Register this fleet's key prefix as the queue's user, and the queue as the
+        prefix's, unless registered already; what is registered: (the queue's prefix, the
+        prefix's queue), ours or another fleet's."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.queue_owner_key, self.keys.prefix, nx=True)
+            pipe.set(self.keys.fleet_queue, self.queue, nx=True)
+            pipe.get(self.queue_owner_key)
+            pipe.get(self.keys.fleet_queue)
+            _, _, owner, queue = await pipe.execute()
+        return cast(str | None, owner) or self.keys.prefix, cast(str | None, queue) or self.queue
 
     async def queue_owner(self) -> str | None:
         """The key prefix registered as the queue's user, if any."""

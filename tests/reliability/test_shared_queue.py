@@ -74,3 +74,29 @@ def test_a_worker_puts_back_another_fleets_message_and_ready_names_the_shared_qu
     fleet_b.fleet.start_worker(1)
     (callback,) = fleet_b.wait_delivered([rollout_id])[rollout_id]
     assert callback["status"] == "COMPLETED"
+
+
+def test_a_process_of_a_fleet_on_another_queue_refuses_to_start(start_fleet: StartFleet) -> None:
+    """The same key prefix with another queue: its lost-message check would read its own
+    empty queue, take the fleet's backlog for lost and resend it where another agent runs."""
+    first = start_fleet(
+        workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fq", "ROLLOUT_FLEET_QUEUE": QUEUE}
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
+    env |= {
+        "REDIS_URL": first.fleet.redis_url,
+        "AGENT": SCRIPTED_AGENT,
+        "ROLLOUT_FLEET_KEY_PREFIX": "fq",
+        "ROLLOUT_FLEET_QUEUE": "another-queue",
+    }
+    for command in ("gateway", "worker"):
+        ports = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "gateway" else []
+        argv = fleet_command(command, *ports)
+        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        output = run.stdout + run.stderr
+        assert run.returncode == 2, output
+        assert "the fleet with key prefix 'fq' uses the queue 'shared-queue'" in output
+        assert "this process has 'another-queue'" in output
+        assert "Traceback" not in output
+    assert first.redis.get("fq:queue") == QUEUE
+    assert first.http.get("/ready").status_code == 200  # the fleet itself is untouched
