@@ -2,14 +2,14 @@
 
 A real fleet (gateway, two workers, Redis) runs an upstream-shaped Harbor rollout folder
 (``HarborBackend`` with the ``oracle`` agent, imported through the ``osmosis_ai`` alias) on
-the Docker engine ``scripts/docker-test-engine`` runs. The task is written here: write the
-product of two numbers to a file; its ``tests/test.sh`` checks it. Every check reads the
-engine: containers, networks and volumes carrying the fleet's labels.
+the Docker engine ``scripts/docker-test-engine`` runs. The task (bench/sandboxes.py: the
+``sandboxes`` benchmark point runs it too): write the product of two numbers to a file; its
+``tests/test.sh`` checks it. Every check reads the engine: containers, networks and volumes
+carrying the fleet's labels.
 """
 
 from __future__ import annotations
 
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,73 +17,13 @@ from pathlib import Path
 import docker
 import pytest
 
+from bench.sandboxes import docker_host, write_rollout
 from tests.conftest import V2_ENV, StartFleet
-from tests.docker.stack import COMPOSE_PLUGIN, docker_host
+from tests.docker.stack import COMPOSE_PLUGIN
 from tests.harness import V2FleetUnderTest
 
-TASK_BASE = "python:3.12-slim-bookworm"  # a stand-in on the test engine
 FLEET_LABEL = "org.rollout-fleet.fleet"
 ROLLOUT_LABEL = "org.rollout-fleet.rollout"
-
-
-def write_task(folder: Path, *, solve_seconds: float = 0) -> Path:
-    """A Harbor task: the product of two numbers in /app/answer.txt."""
-    (folder / "environment").mkdir(parents=True)
-    (folder / "tests").mkdir()
-    (folder / "solution").mkdir()
-    (folder / "task.toml").write_text(
-        'version = "1.0"\n[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 60.0\n'
-    )
-    (folder / "instruction.md").write_text("Write the product of 6 and 7 to /app/answer.txt.\n")
-    (folder / "environment" / "Dockerfile").write_text(f"FROM {TASK_BASE}\nWORKDIR /app\n")
-    solve = folder / "solution" / "solve.sh"
-    solve.write_text(f"#!/bin/bash\nsleep {solve_seconds}\necho $((6 * 7)) > /app/answer.txt\n")
-    test = folder / "tests" / "test.sh"
-    test.write_text(
-        textwrap.dedent(
-            """\
-            #!/bin/bash
-            mkdir -p /logs/verifier
-            if [ "$(cat /app/answer.txt 2>/dev/null)" = "42" ]; then
-                echo 1 > /logs/verifier/reward.txt
-            else
-                echo 0 > /logs/verifier/reward.txt
-            fi
-            """
-        )
-    )
-    for script in (solve, test):
-        script.chmod(0o755)
-    return folder
-
-
-def write_rollout(folder: Path, *, solve_seconds: float = 0, slots: int = 4) -> Path:
-    """An upstream-shaped Harbor rollout folder with the oracle agent; its main.py."""
-    write_task(folder / "multiply_task", solve_seconds=solve_seconds)
-    main = folder / "main.py"
-    main.write_text(
-        textwrap.dedent(
-            f"""\
-            from pathlib import Path
-
-            from harbor.trial.queue import TrialQueue
-
-            from osmosis_ai.rollout.backend.harbor import HarborBackend
-            from osmosis_ai.rollout.server import create_rollout_server
-
-            HERE = Path(__file__).resolve().parent
-            backend = HarborBackend(
-                orchestrator=TrialQueue(n_concurrent={slots}),
-                tasks_dir=HERE / "multiply_task",
-                task_mode="template",
-                agent="oracle",
-                cleanup_successful_trials=True,
-            )
-            app = create_rollout_server(backend=backend, lifespan=backend.prewarm_lifespan())
-            """
-        )
-    )
-    return main
 
 
 @pytest.fixture(scope="module")
