@@ -256,14 +256,17 @@ async def _trials(
     """One system's figures: a warm-up of one rollout per slot, then ``count`` offered at
     once, each polled to its end; trials per second over the wall clock, the trials' phase
     timings (``timings`` reads them from the results), CPU with the commands each server ran
-    (the docker CLI and Compose), and the load the machine was under."""
+    (the docker CLI and Compose), the fleet's Redis traffic, and the load the machine was
+    under."""
     await drive_v2(system.url, v2_bodies(trainer, slots, "warmup"), slots)
     results: dict[str, Any] = {}
     bodies = v2_bodies(trainer, count, "trial")
     load, others = os.getloadavg(), sb.containers(docker)
-    with Usage(system.roles, reaped=True) as usage:
-        run = await drive_v2(system.url, bodies, count, results=results)
+    async with RedisTraffic(system.redis_url) as traffic:
+        with Usage(system.roles, reaped=True) as usage:
+            run = await drive_v2(system.url, bodies, count, results=results)
     line = system_line(system, run, usage)
+    line.update(traffic.per_rollout(max(1, int(line["completed"]))))
     line["slots"] = slots
     line["wall_s"] = round(run.wall_seconds, 2)
     line["trials_per_s"] = round(int(line["completed"]) / run.wall_seconds, 3)
