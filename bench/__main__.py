@@ -1,7 +1,8 @@
 """Run the benchmark suite: ``uv run python -m bench [POINT...] [--scale S]``.
 
-Each point measures the fleet and a baseline (our in-process server; for ``upstream``,
-upstream osmosis-ai's) in the same run, against the same mock TrainGate process, and prints
+Each point measures the fleet and a baseline (our in-process server; for ``upstream`` and
+``sandboxes``, upstream osmosis-ai's) in the same run, against the same mock TrainGate process
+(``sandboxes``: on the same Docker engine, DOCKER_HOST or the test engine), and prints
 one JSON line per system plus one per target (met or not, and the gap); a table follows.
 Lines are also written to ``bench-output/last-run.jsonl``.
 """
@@ -65,13 +66,13 @@ def _table(lines: list[dict[str, Any]]) -> None:
             table.add_row(
                 line["point"],
                 line["system"],
-                str(line.get("rollouts_per_s", "")),
+                str(line.get("trials_per_s", line.get("rollouts_per_s", ""))),
                 str(line.get("p50_ms", "")),
                 str(line.get("p99_ms", "")),
                 str(line.get("server_cpu_ms_per_rollout", "")),
                 str(round(sum(line.get("peak_rss_mb", {}).values()))),
                 str(sum(line.get("errors", {}).values())),
-                "",
+                line.get("blocker", ""),
             )
         else:
             table.add_row(

@@ -181,8 +181,10 @@ async def drive_v2(
     bodies: Sequence[RolloutInitRequest],
     concurrency: int,
     api_key: str | None = None,
+    results: dict[str, Any] | None = None,
 ) -> Run:
-    """Offer v2 rollouts; each is done when a long-poll returns its terminal result."""
+    """Offer v2 rollouts; each is done when a long-poll returns its terminal result (kept in
+    ``results``, by rollout id, when given)."""
     run = Run(len(bodies))
     async with _Client(api_key) as http:
 
@@ -205,6 +207,8 @@ async def drive_v2(
                 if outcome.terminal:
                     break
             run.latencies.append(time.time() - sent)
+            if results is not None:
+                results[body.rollout_id] = polled
             if outcome is not RolloutStatus.SUCCESS:
                 run.errors[f"rollout {outcome.value}"] += 1
 

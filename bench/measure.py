@@ -30,7 +30,9 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds(pids: list[int], reaped: bool = False) -> float:
+    """CPU seconds of the process trees; with ``reaped``, also of the children each process
+    has waited for (short-lived commands it ran, such as the ``docker`` CLI)."""
     total = 0.0
     for pid in pids:
         for process in _tree(pid):
@@ -39,6 +41,8 @@ def cpu_seconds(pids: list[int]) -> float:
             except psutil.NoSuchProcess:
                 continue
             total += times.user + times.system
+            if reaped:
+                total += times.children_user + times.children_system
     return total
 
 
@@ -83,6 +87,7 @@ class Usage:
 
     roles: Mapping[str, list[int]]
     connections_of: str | None = None  # also sample this role's open TCP connections
+    reaped: bool = False  # count the commands the roles ran and waited for (cpu_seconds)
     cpu: dict[str, float] = field(default_factory=dict)
     driver_cpu: float = 0.0
     machine_busy: float = 0.0  # CPU seconds, all cores
@@ -95,7 +100,7 @@ class Usage:
     _sampler: threading.Thread | None = None
 
     def __enter__(self) -> Usage:
-        self._start = {role: cpu_seconds(pids) for role, pids in self.roles.items()}
+        self._start = {role: cpu_seconds(pids, self.reaped) for role, pids in self.roles.items()}
         self._start_others = (own_cpu_seconds(), machine_busy_seconds(), time.monotonic())
         self.peak_rss_mb = {role: 0.0 for role in self.roles}
         self._sampler = threading.Thread(target=self._sample, daemon=True)
@@ -107,7 +112,8 @@ class Usage:
         assert self._sampler is not None
         self._sampler.join()
         self.cpu = {
-            role: cpu_seconds(pids) - self._start[role] for role, pids in self.roles.items()
+            role: cpu_seconds(pids, self.reaped) - self._start[role]
+            for role, pids in self.roles.items()
         }
         driver, busy, started = self._start_others
         self.driver_cpu = own_cpu_seconds() - driver

@@ -4,18 +4,24 @@ returns JSON-ready lines — one per system, then one per target comparing them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 
+from bench import sandboxes as sb
 from bench.cli_start import cli_start
 from bench.drivers import Run, drive_admissions, drive_long_polls, drive_v1, drive_v2
 from bench.measure import RedisTraffic, Usage, idle_commands
 from bench.systems import System, baseline, fleet, replica, traingate
-from bench.upstream import upstream_baseline
+from bench.upstream import HARBOR, UpstreamUnavailable, upstream_baseline
+from bench.upstream import NAME as UPSTREAM
 from bench.workloads import REPO, v1_bodies, v2_bodies
 
 CALCULATOR = str(REPO / "examples/calculator/server.py:agent_loop")
@@ -199,6 +205,112 @@ async def upstream(scale: float) -> list[Line]:
     return [measured, reference, bound("fleet / upstream osmosis-ai", times, ">=", 2.8)]
 
 
+SANDBOX_SLOTS = 4  # TrialQueue(n_concurrent=...) in every process, fleet worker or upstream
+
+
+async def sandboxes(scale: float) -> list[Line]:
+    """Sandboxed rollouts: each a Harbor trial of the oracle agent in a container of its own,
+    on one task and one Docker engine. The fleet (Redis, a gateway, 1 and 2 workers) runs our
+    HarborBackend; upstream osmosis-ai 0.3.8 its own, served by its own create_rollout_server
+    (its venv: bench/upstream.py HARBOR). Both load the same main.py: TrialQueue(n_concurrent=4)
+    per process, cleanup_successful_trials=True. v2; all rollouts offered at once, after a
+    warm-up of one per sandbox slot (the task's image is built before: the fleet's workers and
+    upstream's server prewarm when they start)."""
+    count = max(2, int(24 * scale))
+    lines: list[Line] = []
+    with tempfile.TemporaryDirectory(prefix="bench-sandboxes-") as scratch:
+        main = str(sb.write_oracle_rollout(Path(scratch) / "rollout", slots=SANDBOX_SLOTS))
+        try:
+            docker = sb.docker_env(Path(scratch) / "docker-config")
+        except sb.SandboxesUnavailable as exc:  # the other points still run
+            return [{"system": "fleet", "blocker": str(exc)}]
+        with traingate(0.0) as trainer:
+            for workers in (1, 2):
+                with fleet(main, workers, SANDBOX_SLOTS, docker) as ours:
+                    lines.append(
+                        await _trials(ours, trainer, count, workers * SANDBOX_SLOTS, docker)
+                    )
+            lines.append(await _upstream_trials(main, trainer, count, docker))
+    fleet_1w, fleet_2w, theirs = lines
+    figures = [
+        reported("fleet-2w / fleet-1w trials/s", _trial_ratio(fleet_2w, fleet_1w)),
+    ]
+    if "trials_per_s" in theirs:
+        figures += [
+            reported("fleet-1w / upstream trials/s", _trial_ratio(fleet_1w, theirs)),
+            reported("fleet-2w / upstream trials/s", _trial_ratio(fleet_2w, theirs)),
+        ]
+    return [*lines, *figures]
+
+
+def _trial_ratio(ours: Line, reference: Line) -> float:
+    return float(ours["trials_per_s"]) / max(1e-9, float(reference["trials_per_s"]))
+
+
+async def _trials(
+    system: System,
+    trainer: str,
+    count: int,
+    slots: int,
+    docker: dict[str, str],
+    timings: Callable[[dict[str, Any]], list[dict[str, float]]] = sb.fleet_timings,
+    timings_from: str = "the v2 result's sample metrics",
+) -> Line:
+    """One system's figures: a warm-up of one rollout per slot, then ``count`` offered at
+    once, each polled to its end; trials per second over the wall clock, the trials' phase
+    timings (``timings`` reads them from the results), CPU with the commands each server ran
+    (the docker CLI and Compose), the fleet's Redis traffic, and the load the machine was
+    under."""
+    await drive_v2(system.url, v2_bodies(trainer, slots, "warmup"), slots)
+    results: dict[str, Any] = {}
+    bodies = v2_bodies(trainer, count, "trial")
+    load, others = os.getloadavg(), sb.containers(docker)
+    async with RedisTraffic(system.redis_url) as traffic:
+        with Usage(system.roles, reaped=True) as usage:
+            run = await drive_v2(system.url, bodies, count, results=results)
+    line = system_line(system, run, usage)
+    line.update(traffic.per_rollout(max(1, int(line["completed"]))))
+    line["slots"] = slots
+    line["wall_s"] = round(run.wall_seconds, 2)
+    line["trials_per_s"] = round(int(line["completed"]) / run.wall_seconds, 3)
+    line["load_avg_1_5_15"] = {
+        "before": [round(x, 2) for x in load],
+        "after": [round(x, 2) for x in os.getloadavg()],
+    }
+    line["engine_containers_at_start"] = others
+    samples = [r.get("sample") or {} for r in results.values()]
+    line["rewards"] = sorted({s.get("reward") for s in samples}, key=str)
+    line["result_metrics"] = sorted({k for s in samples for k in s.get("metrics") or {}})
+    line["timings_from"] = timings_from
+    line.update(sb.phase_figures(timings(results), run.wall_seconds, slots, count))
+    return line
+
+
+async def _upstream_trials(main: str, trainer: str, count: int, docker: dict[str, str]) -> Line:
+    """Upstream's server on the same folder and engine; a line saying why not when its venv
+    cannot be built or its server does not start here."""
+    with contextlib.ExitStack() as stack:
+        try:
+            theirs = stack.enter_context(upstream_baseline(main, docker, HARBOR, 600))
+        except (
+            UpstreamUnavailable,
+            subprocess.CalledProcessError,
+            RuntimeError,
+            TimeoutError,
+        ) as exc:
+            said = [line for line in str(exc).splitlines() if line.strip()] or [repr(exc)]
+            reason = said[0] if len(said) == 1 else f"{said[0]} ... {said[-1]}"
+            return {"system": UPSTREAM, "blocker": reason}
+        artifacts = theirs.artifacts
+        assert artifacts is not None
+
+        def timings(results: dict[str, Any]) -> list[dict[str, float]]:
+            return sb.upstream_timings(artifacts, list(results))
+
+        source = "diagnostics.json beside each rollout's artifacts (timings_sec)"
+        return await _trials(theirs, trainer, count, SANDBOX_SLOTS, docker, timings, source)
+
+
 async def peak_running(redis_url: str, leases_key: str, done: asyncio.Event) -> int:
     """The most rollouts the fleet held leases on at once (sampled every 0.1 s)."""
     redis = Redis.from_url(redis_url)
@@ -376,6 +488,7 @@ POINTS: dict[str, Point] = {
     "strands": framework(STRANDS),
     "openai-agents": framework(OPENAI_AGENTS),
     "upstream": upstream,
+    "sandboxes": sandboxes,
     "capacity": capacity,
     "long-polls": long_polls,
     "admission": admission,

@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,24 +44,35 @@ class System:
     roles: dict[str, list[int]]
     redis_url: str | None = None  # the fleet's Redis (None for the baseline)
     leases_key: str | None = None  # the fleet's sorted set of held leases
+    artifacts: Path | None = None  # where upstream's server writes each rollout's files
 
 
 def _serve(
-    name: str, argv: list[str], port: int, env: dict[str, str] | None = None
+    name: str,
+    argv: list[str],
+    port: int,
+    env: dict[str, str] | None = None,
+    start_seconds: float = 60,
 ) -> ManagedProcess:
+    """Start a server and wait for its port; a server that exits first fails at once with
+    its output (``wait_until`` would take the exit for "not yet" until its timeout)."""
     process = ManagedProcess(name, argv, env or {}, LOG_DIR / f"{name}-{port}.log").start()
-
-    def listening() -> bool:
-        if not process.alive():
-            raise RuntimeError(f"{name} exited:\n{process.output()[-3000:]}")
-        return port_open(port)
-
     try:
-        wait_until(listening, 60, name)
+        _wait_listening(process, name, port, start_seconds)
     except BaseException:
         process.stop()
         raise
     return process
+
+
+def _wait_listening(process: ManagedProcess, name: str, port: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not port_open(port):
+        if not process.alive():
+            raise RuntimeError(f"{name} exited:\n{process.output()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {seconds:g}s waiting for {name}")
+        time.sleep(0.05)
 
 
 def _env() -> dict[str, str]:

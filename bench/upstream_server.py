@@ -1,13 +1,17 @@
 """The upstream baseline's server: the genuine ``osmosis-ai`` 0.3.8 ``create_rollout_server``
-on its ``LocalBackend`` for a v2 agent file, in one process — run by the python of the venv
-that bench/upstream.py builds, never by ours:
+on its ``LocalBackend`` for a v2 agent file, or on the backend the file builds (its
+``HarborBackend``), in one process — run by the python of the venv that bench/upstream.py
+builds, never by ours:
 
     python bench/upstream_server.py path/to/agent.py PORT
 
 The agent file is imported with upstream's own entrypoint loader; its parts are found by the
-rules our loader follows (a module-level ``LocalBackend``, or one concrete ``AgentWorkflow``
-subclass with at most one workflow config, grader and grader config). Served by uvicorn at
-127.0.0.1:PORT, log level warning, as bench/baseline_v2.py serves ours.
+rules our loader follows (a module-level backend, or one concrete ``AgentWorkflow`` subclass
+with at most one workflow config, grader and grader config). A backend with a
+``prewarm_lifespan`` (Harbor's: it builds the task's environment) prewarms before the server
+listens, as upstream's template serves it. Served by uvicorn at 127.0.0.1:PORT, log level
+warning (the agent file may have set up upstream's INFO logging: it is raised to warning), as
+bench/baseline_v2.py serves ours.
 
 Like ours (``settle_heap`` in our server's lifespan), the heap is frozen (``gc.freeze()``)
 once the server has started, so neither side's garbage collector rescans the imported
@@ -21,6 +25,7 @@ import contextlib
 import gc
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +40,7 @@ from osmosis_ai.platform.cli.rollout_entrypoint import load_rollout_entrypoint  
 from osmosis_ai.rollout import (  # type: ignore[import-not-found]
     AgentWorkflow,
     AgentWorkflowConfig,
+    ExecutionBackend,
     Grader,
     GraderConfig,
     LocalBackend,
@@ -73,9 +79,9 @@ def _subclass(base: type) -> Callable[[Any], bool]:
     )
 
 
-def backend_for(agent: Path) -> LocalBackend:
+def backend_for(agent: Path) -> ExecutionBackend:
     module = load_rollout_entrypoint(agent.parent, agent.name)
-    backends = _found(module, lambda v: isinstance(v, LocalBackend))
+    backends = _found(module, lambda v: isinstance(v, ExecutionBackend))
     if backends:
         return backends[0]
     return LocalBackend(
@@ -88,11 +94,20 @@ def backend_for(agent: Path) -> LocalBackend:
     )
 
 
-@contextlib.asynccontextmanager
-async def frozen_heap(_: FastAPI) -> AsyncIterator[None]:
-    if os.environ.get("BENCH_UPSTREAM_GC_FREEZE", "1") != "0":
-        gc.freeze()
-    yield
+def lifespan_for(backend: ExecutionBackend) -> Callable[[FastAPI], Any]:
+    """The backend's prewarm, if it has one, then the heap frozen."""
+    prewarm = getattr(backend, "prewarm_lifespan", None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if prewarm is not None:
+                await stack.enter_async_context(prewarm()(app))
+            if os.environ.get("BENCH_UPSTREAM_GC_FREEZE", "1") != "0":
+                gc.freeze()
+            yield
+
+    return lifespan
 
 
 def main(agent: str, port: int) -> None:
@@ -102,7 +117,10 @@ def main(agent: str, port: int) -> None:
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     _check_upstream()
     backend = backend_for(Path(agent).resolve())
-    app = create_rollout_server(backend=backend, lifespan=frozen_heap, configure_logging=False)
+    logging.getLogger().setLevel(logging.WARNING)
+    app = create_rollout_server(
+        backend=backend, lifespan=lifespan_for(backend), configure_logging=False
+    )
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 

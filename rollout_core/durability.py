@@ -104,8 +104,8 @@ class SharedQueue(StartRefused):
 
 async def queue_conflict(store: RecordStore) -> str | None:
     """Why this fleet's queue is not its own, or its prefix's fleet uses another queue, with
-    the fix; None if both agree (registering them if nobody has). A Redis whose ACL forbids the registration key
-    cannot tell: None, with a warning."""
+    the fix; None if both agree (registering them if nobody has). A Redis whose ACL forbids
+    the registration keys cannot tell: None, with a warning."""
     try:
         owner, queue = await store.own_queue()
     except StoreReplyError as exc:

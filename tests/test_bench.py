@@ -12,14 +12,16 @@ from typing import Any
 from tests.harness import REPO
 
 
-def run_point(point: str, scale: str) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+def run_point(
+    point: str, scale: str, timeout: float = 240
+) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
     """Run one bench point at ``scale``: the finished process and its JSON figure lines."""
     done = subprocess.run(
         [sys.executable, "-m", "bench", point, "--scale", scale],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]

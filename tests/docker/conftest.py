@@ -15,11 +15,11 @@ from pathlib import Path
 import docker
 import pytest
 
+from bench.sandboxes import docker_host
 from tests.docker.stack import (
     Stack,
     compose_project,
     connect,
-    docker_host,
     engine_script,
     readme_compose_commands,
 )

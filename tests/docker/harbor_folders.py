@@ -1,9 +1,7 @@
-"""Harbor rollout folders for the sandbox tests, written fresh into a temporary folder.
+"""Harbor rollout folders for the sandbox tests, written fresh into a temporary folder (the
+task and the oracle folder are bench/sandboxes.py's, which the benchmark runs too).
 
-``write_task``: a Harbor task, "write the product of 6 and 7 to /app/answer.txt", with a
-reference solution (for ``oracle``) and, unless told otherwise, ``tests/test.sh`` checking the
-file. ``write_oracle_rollout``: a ``main.py`` serving ``HarborBackend(agent="oracle")`` at
-module level. ``write_template_rollout``: a folder shaped like the osmosis workspace
+``write_template_rollout``: a folder shaped like the osmosis workspace
 template's ``multiply-harbor-strands``: a project (``pyproject.toml``) with a Strands
 ``AgentWorkflow`` and a ``Grader`` in a package, the task beside them without tests (the
 Grader is the verifier), and a ``main.py`` that builds the backend and serves it in ``main()``.
@@ -15,71 +13,9 @@ eval TOML (``configs/eval/multiply-harbor-strands.toml``) and a multiply dataset
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
-TASK_BASE = "python:3.12-slim-bookworm"  # a stand-in on the test engine
-
-
-def write_task(folder: Path, *, solve_seconds: float = 0, tests: bool = True) -> Path:
-    (folder / "environment").mkdir(parents=True)
-    (folder / "solution").mkdir()
-    (folder / "task.toml").write_text(
-        'version = "1.0"\n[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 60.0\n'
-    )
-    (folder / "instruction.md").write_text("Write the product of 6 and 7 to /app/answer.txt.\n")
-    (folder / "environment" / "Dockerfile").write_text(f"FROM {TASK_BASE}\nWORKDIR /app\n")
-    solve = folder / "solution" / "solve.sh"
-    solve.write_text(f"#!/bin/bash\nsleep {solve_seconds}\necho $((6 * 7)) > /app/answer.txt\n")
-    solve.chmod(0o755)
-    if tests:
-        (folder / "tests").mkdir()
-        test = folder / "tests" / "test.sh"
-        test.write_text(
-            textwrap.dedent(
-                """\
-                #!/bin/bash
-                mkdir -p /logs/verifier
-                if [ "$(cat /app/answer.txt 2>/dev/null)" = "42" ]; then
-                    echo 1 > /logs/verifier/reward.txt
-                else
-                    echo 0 > /logs/verifier/reward.txt
-                fi
-                """
-            )
-        )
-        test.chmod(0o755)
-    return folder
-
-
-def write_oracle_rollout(folder: Path, *, solve_seconds: float = 0, slots: int = 4) -> Path:
-    """An upstream-shaped Harbor rollout folder with the oracle agent; its main.py."""
-    write_task(folder / "multiply_task", solve_seconds=solve_seconds)
-    main = folder / "main.py"
-    main.write_text(
-        textwrap.dedent(
-            f"""\
-            from pathlib import Path
-
-            from harbor.trial.queue import TrialQueue
-
-            from osmosis_ai.rollout.backend.harbor import HarborBackend
-            from osmosis_ai.rollout.server import create_rollout_server
-
-            HERE = Path(__file__).resolve().parent
-            backend = HarborBackend(
-                orchestrator=TrialQueue(n_concurrent={slots}),
-                tasks_dir=HERE / "multiply_task",
-                task_mode="template",
-                agent="oracle",
-                cleanup_successful_trials=True,
-            )
-            app = create_rollout_server(backend=backend, lifespan=backend.prewarm_lifespan())
-            """
-        )
-    )
-    return main
-
+from bench.sandboxes import write_task
 
 WORKFLOW = '''\
 """Multiply two numbers with a Strands agent whose model is the rollout's policy."""
@@ -358,10 +294,7 @@ def write_probe_rollout(folder: Path) -> Path:
 
 
 __all__ = [
-    "TASK_BASE",
-    "write_oracle_rollout",
     "write_probe_rollout",
-    "write_task",
     "write_template_rollout",
     "write_template_workspace",
 ]

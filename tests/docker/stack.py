@@ -37,10 +37,10 @@ import redis
 from cryptography.fernet import Fernet
 from docker.models.containers import Container
 
+from bench.sandboxes import ENGINE_SCRIPT, docker_host
 from rollout_fleet.processes import free_port
 from tests.harness import REPO, MockTrainGateClient
 
-ENGINE_SCRIPT = REPO / "scripts" / "docker-test-engine"
 OVERRIDE = "tests/docker/compose.test.yml"  # relative to a checkout
 COMPOSE_PLUGIN = Path(compose.__file__).parent / "docker-compose"
 PROJECT = "rollout-fleet"  # docker-compose.yml's `name:`
@@ -86,16 +86,6 @@ def shell_commands(block: str) -> list[str]:
 
 
 # --- the engine ----------------------------------------------------------------------------
-
-
-def docker_host() -> str:
-    """The engine the tests use: ``DOCKER_HOST``, else the test engine's socket."""
-    if host := os.environ.get("DOCKER_HOST"):
-        return host
-    printed = subprocess.run(
-        ["bash", str(ENGINE_SCRIPT), "env"], capture_output=True, text=True, check=True
-    ).stdout
-    return printed.strip().removeprefix("export DOCKER_HOST=")
 
 
 def connect(host: str) -> docker.DockerClient | None:

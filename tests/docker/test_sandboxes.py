@@ -25,15 +25,11 @@ import docker
 import httpx
 import pytest
 
+from bench.sandboxes import TASK_BASE, write_oracle_rollout
 from rollout_fleet.processes import free_port, wait_until
 from rollout_fleet.redis_server import RedisServer
 from tests.conftest import V2_ENV, StartFleet
-from tests.docker.harbor_folders import (
-    TASK_BASE,
-    write_oracle_rollout,
-    write_probe_rollout,
-    write_template_rollout,
-)
+from tests.docker.harbor_folders import write_probe_rollout, write_template_rollout
 from tests.docker.stack import COMPOSE_PLUGIN, Trainer, docker_host
 from tests.harness import LEASE_HEADER, V2FleetUnderTest, v2_body
 
