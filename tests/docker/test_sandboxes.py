@@ -25,7 +25,7 @@ import docker
 import httpx
 import pytest
 
-from bench.sandboxes import TASK_BASE, write_oracle_rollout
+from bench.sandboxes import TASK_BASE, write_oracle_rollout, write_task
 from rollout_fleet.processes import free_port, wait_until
 from rollout_fleet.redis_server import RedisServer
 from tests.conftest import V2_ENV, StartFleet
@@ -436,3 +436,49 @@ def test_up_runs_the_workspace_template_shaped_folder_unchanged(
             if up.poll() is None:
                 up.kill()
             trainer.stop()
+
+
+def test_dataset_mode_and_a_per_rollout_task_pick_each_rollouts_task(
+    engine: docker.DockerClient,
+    docker_config: Path,
+    start_fleet: StartFleet,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    folder = tmp_path_factory.mktemp("dataset")
+    write_task(folder / "tasks" / "right")
+    wrong = write_task(folder / "tasks" / "wrong")
+    (wrong / "solution" / "solve.sh").write_text("#!/bin/bash\necho 41 > /app/answer.txt\n")
+    elsewhere = write_task(folder / "elsewhere")
+    main = folder / "main.py"
+    main.write_text(
+        "from harbor.trial.queue import TrialQueue\n"
+        "from osmosis_ai.rollout.backend.harbor import HarborBackend, TaskMode\n"
+        f"backend = HarborBackend(orchestrator=TrialQueue(n_concurrent=3), "
+        f"tasks_dir={str(folder / 'tasks')!r}, task_mode=TaskMode.DATASET, agent='oracle')\n"
+    )
+    fleet = start_fleet(
+        str(main), handle=V2FleetUnderTest, workers=1, env=sandbox_env(engine, docker_config)
+    )
+    assert isinstance(fleet, V2FleetUnderTest)
+    try:
+        rows = {
+            "right": {"harbor_task_id": "right"},
+            "wrong": {"harbor_task_id": "wrong"},
+            "path": {"harbor_task": str(elsewhere)},
+            "none": {},
+        }
+        admitted = {name: fleet.admitted(metadata=metadata) for name, metadata in rows.items()}
+        done = {name: fleet.result(*ids, timeout=300) for name, ids in admitted.items()}
+        assert done["right"]["status"] == "success"
+        assert done["right"]["sample"]["reward"] == 1.0
+        assert done["wrong"]["status"] == "success"
+        assert done["wrong"]["sample"]["reward"] == 0.0
+        assert done["path"]["sample"]["reward"] == 1.0
+        assert done["none"]["status"] == "failure"
+        assert done["none"]["err_message"] == (
+            "dataset mode needs metadata['harbor_task_id'] (a folder in tasks_dir) or "
+            "metadata['harbor_task'] on every row"
+        )
+        assert done["none"]["err_category"] == "validation_error"
+    finally:
+        fleet.close()
