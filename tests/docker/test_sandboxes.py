@@ -482,3 +482,49 @@ def test_dataset_mode_and_a_per_rollout_task_pick_each_rollouts_task(
         assert done["none"]["err_category"] == "validation_error"
     finally:
         fleet.close()
+
+
+def test_a_worker_frozen_past_its_lease_loses_its_sandbox_and_every_rollout_ends_once(
+    engine: docker.DockerClient,
+    docker_config: Path,
+    start_fleet: StartFleet,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """SIGSTOP past the lease: the rollout runs again elsewhere, the frozen execution's sandbox
+    is removed while it is still frozen, and after SIGCONT it can neither finish nor leave
+    anything behind."""
+    main = write_oracle_rollout(tmp_path_factory.mktemp("frozen-rollout"), solve_seconds=10)
+    fleet = start_fleet(
+        str(main), handle=V2FleetUnderTest, workers=2, env=sandbox_env(engine, docker_config)
+    )
+    assert isinstance(fleet, V2FleetUnderTest)
+    victim = fleet.fleet.processes["worker-1"]
+    try:
+        admitted = [fleet.admitted() for _ in range(4)]
+        label = fleet_label(fleet)
+        deadline = time.monotonic() + 120
+        while True:
+            running = engine.containers.list(filters={"label": label})
+            frozen = [
+                c for c in running if f":{victim.pid}:" in c.labels["org.rollout-fleet.execution"]
+            ]
+            if frozen:
+                break
+            assert time.monotonic() < deadline, f"the victim ran no trial\n{fleet.logs()}"
+            time.sleep(0.3)
+        projects = {c.labels["com.docker.compose.project"] for c in frozen}
+        victim.signal(signal.SIGSTOP)
+        try:
+            lease = 3.0  # TEST_ENV's ROLLOUT_FLEET_LEASE_SECONDS
+            wait_until(lambda: not project_objects(engine, projects), 6 * lease + 10, "the janitor")
+        finally:
+            victim.signal(signal.SIGCONT)
+        done = results(fleet, admitted)
+        failed = {i: r["err_message"] for i, r in done.items() if r["status"] != "success"}
+        assert not failed, f"{failed}\n{fleet.logs(20000)}"
+        for rollout_id, token in admitted:  # every poll returns the one result
+            again = fleet.poll(rollout_id, token).json()
+            assert again == done[rollout_id]
+        none_left(engine, label, within=2 * lease + 5)
+    finally:
+        fleet.close()
