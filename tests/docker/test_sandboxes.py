@@ -283,6 +283,22 @@ def test_the_workspace_template_shaped_folder_runs_workflow_and_grader_in_sandbo
             # The workflow called the TrainGate from inside its sandbox.
             assert trainer.client().calls(rollout_id=rollout_id), rollout_id
         assert none_left(engine, fleet_label(fleet), within=5) < 5
+        exported = subprocess.run(
+            [sys.executable, "-m", "rollout_fleet", "export"],
+            env={
+                **os.environ,
+                "REDIS_URL": fleet.fleet.redis_url,
+                "ROLLOUT_FLEET_KEY_PREFIX": fleet.prefix,
+            },
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert exported.returncode == 0, exported.stderr
+        lines = {line["rollout_id"]: line for line in map(json.loads, exported.stdout.splitlines())}
+        for rollout_id, _ in admitted:  # the trajectory and the trial's phases, exported
+            assert lines[rollout_id]["messages"] == done[rollout_id]["sample"]["messages"]
+            assert lines[rollout_id]["usage"]["trial_sec"] > 0
     finally:
         fleet.close()
         trainer.stop()
