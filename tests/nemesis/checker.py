@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_sdk.config.settings import RolloutClientSettings
 from tests.chaos.harness import TERMINAL, Protocol
 from tests.nemesis.faults import LEASE, Crash, Nemesis
 from tests.nemesis.observe import Holders, PollingTrainer, poll_once
@@ -373,8 +374,21 @@ def _check_callbacks(
             f"{len(calls)} callbacks answered 200, the record says delivery {delivery!r}",
         )
     if _may_have_received(delivery):  # the client timed out: its retries may all arrive
-        return ["client_timeout"] * (len(calls) - 1)
+        if len(calls) > TIMED_OUT_ATTEMPTS:
+            report.fail(
+                "duplicate_callback",
+                "v1",
+                rollout_id,
+                f"{len(calls)} callbacks: one delivery that timed out makes at most "
+                f"{TIMED_OUT_ATTEMPTS} attempts",
+            )
+        return ["client_timeout"] * (min(len(calls), TIMED_OUT_ATTEMPTS) - 1)
     return _excuse_repeats(report, nemesis, holders, window, key, rollout_id, calls)
+
+
+# One delivery's attempts when each times out: the first and the SDK's retries
+# (OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES, as the nemesis stage leaves it).
+TIMED_OUT_ATTEMPTS = 1 + RolloutClientSettings.model_fields["complete_rollout_retries"].default
 
 
 def _may_have_received(delivery: str) -> bool:

@@ -30,9 +30,16 @@ import httpx
 import redis
 
 from tests.chaos.harness import Protocol
-from tests.nemesis.checker import REPEAT_SECONDS, Report, _check_polls
+from tests.nemesis.checker import (
+    REPEAT_SECONDS,
+    TIMED_OUT_ATTEMPTS,
+    Report,
+    Window,
+    _check_callbacks,
+    _check_polls,
+)
 from tests.nemesis.faults import Fault, Nemesis
-from tests.nemesis.observe import PollingTrainer
+from tests.nemesis.observe import Holders, PollingTrainer
 from tests.nemesis.run import Size, run
 from tests.nemesis.stage import PREFIX, Stage
 
@@ -228,3 +235,30 @@ def test_a_final_poll_refused_or_not_terminal_is_a_contradicting_result() -> Non
     agreeing = Report()
     _check_polls(agreeing, PollingTrainer.__new__(PollingTrainer), "r1", record, [first, first])
     assert agreeing.found == []
+
+
+def test_a_timed_out_delivery_excuses_no_more_repeats_than_its_attempts() -> None:
+    """A record whose delivery says the trainer may have received it more than once excuses
+    the SDK's retries of that one delivery, not a storm of callbacks."""
+    body = {"rollout_id": "r1", "status": "COMPLETED", "reward": 1.0}
+    record = {
+        "rollout_id": "r1",
+        "status": "success",
+        "admit_token": "k1",
+        "result": json.dumps(body),
+        "delivery": "the trainer may have received it more than once: every attempt timed out",
+    }
+    holders = Holders.__new__(Holders)
+    for count, found in (
+        (TIMED_OUT_ATTEMPTS, []),
+        (TIMED_OUT_ATTEMPTS + 4, ["duplicate_callback"]),
+    ):
+        calls = [
+            {"body": body, "headers": {"Idempotency-Key": "k1"}, "at": i} for i in range(count)
+        ]
+        report = Report()
+        excused = _check_callbacks(
+            report, Nemesis.__new__(Nemesis), holders, Window(), "rf:v1:r1", record, calls
+        )
+        assert [v.kind for v in report.found] == found, report.found
+        assert excused == ["client_timeout"] * (TIMED_OUT_ATTEMPTS - 1)
