@@ -187,3 +187,15 @@ def test_a_non_finite_number_in_the_body_is_422_not_500(
     )
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "max_turns"]
+
+
+def test_an_idempotency_key_is_bounded_as_a_rollout_id_is(fleet: FleetUnderTest) -> None:
+    """Both become Redis key names: 256 characters are admitted, 257 are a 422 naming it."""
+    edge = "é" * 256
+    admitted = fleet.init(fleet.body(idempotency_key=edge))
+    assert admitted.status_code == 202, admitted.text
+    refused = fleet.init(fleet.body(idempotency_key=edge + "x"))
+    assert refused.status_code == 422
+    (problem,) = refused.json()["detail"]
+    assert problem["loc"] == ["body", "idempotency_key"]
+    assert "at most 256 characters" in problem["msg"]

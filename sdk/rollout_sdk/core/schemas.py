@@ -89,7 +89,8 @@ class RolloutRequest(BaseModel):
     max_tokens_total: int = 8192
     metadata: dict[str, Any] = Field(default_factory=dict)
     api_key: str | None = Field(default=None, repr=False)
-    idempotency_key: str | None = None
+    # A Redis key name like rollout_id: bounded as it is.
+    idempotency_key: str | None = Field(default=None, max_length=256)
 
     _check_id = field_validator("rollout_id")(_check_rollout_id)
 
