@@ -235,6 +235,13 @@ class FleetSettings(BaseSettings):
         "rollout's TrainGate, through a relay (its network has no other way out); open: as "
         "the engine routes, for tasks whose tests fetch from the internet.",
     )
+    sandbox_dir: str | None = Field(
+        None,
+        description="Sandboxed rollouts: the folder workers keep the trials' folders, the "
+        "prepared task copies and the Compose overlays in (an absolute path); default "
+        "$TMPDIR/rollout-harbor-<uid>. The engine resolves what a sandbox bind-mounts from it "
+        "on its own host, so a worker in a container keeps it at the same path there.",
+    )
     tracing: bool = Field(
         False,
         description="OpenTelemetry: one trace per rollout (gateway, worker, TrainGate calls), "
@@ -266,6 +273,13 @@ class FleetSettings(BaseSettings):
         description="Touched while the worker consumes and its loop and Redis answer "
         "(``rollout-fleet probe worker`` checks its age). Default: $TMPDIR/rollout-worker.alive.",
     )
+
+    @field_validator("sandbox_dir")
+    @classmethod
+    def _absolute_folder(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isabs(value):
+            raise PydanticCustomError("absolute", "must be an absolute path")
+        return value
 
     @field_validator("allowed_trainer_urls", mode="before")
     @classmethod

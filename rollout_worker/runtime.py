@@ -153,6 +153,7 @@ class _OnLoop:
                 build_network=settings.sandbox_build_network,
                 egress=settings.sandbox_egress,
                 log_retention_seconds=settings.result_retention_seconds,
+                sandbox_dir=settings.sandbox_dir,
             )
         fleet = await sandbox_fleet(store)
         carriers, speaks = _carriers(agent, settings, http, box, ownership, fleet)

@@ -247,3 +247,22 @@ def test_a_traingate_route_to_a_refused_address_is_one_line(url: str, why: str) 
 def test_an_allowed_traingate_keeps_its_address_and_alias() -> None:
     route = asyncio.run(checked(Route.to("http://10.1.2.3:9001/v1/rollouts/r1")))
     assert (route.host, route.port, route.alias) == ("10.1.2.3", 9001, "traingate")
+
+
+def test_a_sandbox_folder_holds_trials_task_copies_and_overlays(tmp_path: Path) -> None:
+    """A worker's ROLLOUT_FLEET_SANDBOX_DIR: what a sandbox may bind-mount lies under it."""
+    task = a_task(tmp_path / "t")
+    backend = HarborBackend(tasks_dir=task, agent="oracle")
+    folder = tmp_path / "sandboxes"
+    backend.configure(sandbox_slots=None, build_network="host", sandbox_dir=str(folder))
+    assert backend.trials_dir == folder / "trials"
+    assert backend.scratch == folder / "overlays"
+    assert backend.tasks.root == folder / "tasks"
+    assert backend.tasks.build_network == "host"
+    assert (folder / "trials").is_dir()
+    assert (folder / "overlays").is_dir()
+
+    named = HarborBackend(tasks_dir=task, agent="oracle", trials_dir=tmp_path / "mine")
+    named.configure(sandbox_slots=None, build_network=None, sandbox_dir=str(folder))
+    assert named.trials_dir == tmp_path / "mine"  # the agent's own choice stands
+    assert named.scratch == folder / "overlays"

@@ -189,20 +189,16 @@ class HarborBackend(ExecutionBackend):
             else HarborEnvironmentConfig(type=EnvironmentType.DOCKER)
         )
         self.environment_config.type = EnvironmentType.DOCKER
-        root = Path(tempfile.gettempdir()) / f"rollout-harbor-{os.getuid()}"
-        self.trials_dir = Path(trials_dir) if trials_dir else root / "trials"
-        self.trials_dir.mkdir(parents=True, exist_ok=True)
-        self.scratch = root / "overlays"
-        self.scratch.mkdir(parents=True, exist_ok=True)
+        self._given_trials_dir = Path(trials_dir) if trials_dir else None
+        self.build_network: str | None = None
+        self.use_folder(Path(tempfile.gettempdir()) / f"rollout-harbor-{os.getuid()}")
         self.cleanup_successful_trials = cleanup_successful_trials
         self.agent_setup_timeout_sec = agent_setup_timeout_sec
         self.max_queue_depth = max_queue_depth
         self.prewarm_mode = prewarm
         self.sandbox_slots = _slots_of(orchestrator)
-        self.build_network: str | None = None
         self.log_retention_seconds = DEFAULT_LOG_RETENTION_SECONDS
         self.egress = Egress.TRAINGATE
-        self.tasks = PreparedTasks(root / "tasks")
         self._slots: asyncio.Semaphore | None = None
         self.queued = 0
         self.running = 0
@@ -221,16 +217,31 @@ class HarborBackend(ExecutionBackend):
         build_network: str | None,
         egress: str = Egress.TRAINGATE,
         log_retention_seconds: float | None = None,
+        sandbox_dir: str | None = None,
     ) -> None:
         """The worker's own limits: sandboxes at once, the network image builds use, where a
-        sandbox may connect, and how long failed trials' folders are kept."""
+        sandbox may connect, how long failed trials' folders are kept, and the folder its
+        trials are kept in."""
         if log_retention_seconds is not None:
             self.log_retention_seconds = log_retention_seconds
         if sandbox_slots:
             self.sandbox_slots = sandbox_slots
         self.build_network = build_network
+        if sandbox_dir:
+            self.use_folder(Path(sandbox_dir))
         self.tasks.build_network = build_network
         self.egress = Egress(egress)
+
+    def use_folder(self, root: Path) -> None:
+        """Keep the trials' folders (unless ``trials_dir=`` named one), the prepared task
+        copies and the Compose overlays under ``root``. What a trial bind-mounts from there
+        the engine finds on its own host at the same path: a worker in a container keeps
+        ``root`` at one path in the container and on the engine's host (docs/SANDBOXES.md)."""
+        self.trials_dir = self._given_trials_dir or root / "trials"
+        self.trials_dir.mkdir(parents=True, exist_ok=True)
+        self.scratch = root / "overlays"
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.tasks = PreparedTasks(root / "tasks", self.build_network)
 
     # --- ExecutionBackend -------------------------------------------------------------------
 
