@@ -14,11 +14,14 @@ import pytest
 
 from tests.deploy.compose import COMPOSE_BINARY, render
 from tests.deploy.conftest import project
-from tests.deploy.dockerfile import Image
+from tests.deploy.dockerfile import Image, lineage, stages
 from tests.harness import REPO
 
 BIN = Path(sys.executable).parent  # the virtualenv's scripts: check-jsonschema, hadolint
 COMPOSE_FILE = REPO / "docker-compose.yml"
+SANDBOXES = "docker-compose.sandboxes.yml"  # sandboxed rollouts (docs/SANDBOXES.md)
+ENGINE_SOCKET = "docker-compose.engine-socket.yml"  # their opt-in: this host's engine
+COMPOSE_FILES = (COMPOSE_FILE.name, SANDBOXES, ENGINE_SOCKET)
 DOCKERFILES = ("Dockerfile.gateway", "Dockerfile.worker")
 REQUIRED = {
     "REDIS_PASSWORD": "pw0123456789",
@@ -63,8 +66,9 @@ def check_schema(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_compose_spec_schema_accepts_the_file() -> None:
-    result = check_schema(COMPOSE_FILE)
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_the_compose_spec_schema_accepts_the_file(name: str) -> None:
+    result = check_schema(REPO / name)
     assert result.returncode == 0, result.stdout
 
 
@@ -153,31 +157,142 @@ def test_f20_flower_and_worker_metrics_are_not_on_every_interface(
     assert services["worker"]["environment"]["ROLLOUT_FLEET_METRICS_HOST"] == "0.0.0.0"
 
 
-def test_every_compose_variable_is_documented_in_env_example() -> None:
-    used = set(re.findall(r"\$\{(\w+)", COMPOSE_FILE.read_text()))
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_every_compose_variable_is_documented_in_env_example(name: str) -> None:
+    used = set(re.findall(r"\$\{(\w+)", (REPO / name).read_text()))
     documented = set(re.findall(r"(?m)^(\w+)=", (REPO / ".env.example").read_text()))
     assert used <= documented, used - documented
+
+
+# --- sandboxed rollouts --------------------------------------------------------------------
+
+ENGINE = {"SANDBOX_DOCKER_HOST": "tcp://sandbox-engine.internal:2376"}
+SOCKET = {
+    "SANDBOX_DOCKER_HOST": "unix:///var/run/docker.sock",
+    "SANDBOX_DOCKER_SOCKET_GID": "998",
+    "SANDBOX_DIR": "/srv/rollout-sandboxes",
+}
+
+
+def sandbox_project(folder: Path, files: tuple[str, ...], settings: dict[str, str]) -> Path:
+    """A checkout whose ``.env`` names these compose files, as the README says to."""
+    return project(folder, {**REQUIRED, "COMPOSE_FILE": ":".join(files), **settings})
+
+
+@pytest.mark.parametrize(
+    ("files", "settings", "missing"),
+    [
+        ((COMPOSE_FILE.name, SANDBOXES), {}, "SANDBOX_DOCKER_HOST"),
+        (
+            (COMPOSE_FILE.name, SANDBOXES, ENGINE_SOCKET),
+            {**ENGINE, "SANDBOX_DIR": "/s"},
+            "SANDBOX_DOCKER_SOCKET_GID",
+        ),
+        (
+            (COMPOSE_FILE.name, SANDBOXES, ENGINE_SOCKET),
+            {**SOCKET, "SANDBOX_DIR": ""},
+            "SANDBOX_DIR",
+        ),
+    ],
+)
+def test_sandboxed_stacks_refuse_to_start_without_their_engine_settings(
+    tmp_path: Path, files: tuple[str, ...], settings: dict[str, str], missing: str
+) -> None:
+    result = compose_config(sandbox_project(tmp_path / "project", files, settings))
+    assert result.returncode != 0
+    assert f"required variable {missing} is missing a value" in result.stderr
+
+
+def test_a_sandboxed_stack_runs_from_one_image_and_only_its_workers_reach_the_engine(
+    tmp_path: Path,
+) -> None:
+    folder = sandbox_project(tmp_path / "project", (COMPOSE_FILE.name, SANDBOXES), ENGINE)
+    assert compose_config(folder).returncode == 0
+    services = render(folder)["services"]
+    for name in ("gateway", "worker", "flower"):  # the gateway imports the agent, and harbor
+        assert services[name]["image"] == "rollout-fleet-sandboxes:latest"
+        assert services[name]["build"]["dockerfile"] == "Dockerfile.worker"
+        assert services[name]["build"]["target"] == "sandboxes"
+    worker = services["worker"]["environment"]
+    assert worker["DOCKER_HOST"] == ENGINE["SANDBOX_DOCKER_HOST"]
+    assert worker["ROLLOUT_FLEET_SANDBOX_DIR"] == "/var/lib/rollout-fleet/sandboxes"
+    mounts = {m["target"]: m for m in services["worker"]["volumes"]}
+    assert mounts["/var/lib/rollout-fleet/sandboxes"]["type"] == "volume"
+    assert mounts["/run/sandbox-engine-tls"]["read_only"] is True
+    assert worker["DOCKER_CERT_PATH"] == "/run/sandbox-engine-tls"
+    for name in ("gateway", "flower"):
+        assert "DOCKER_HOST" not in services[name]["environment"]
+        assert [m["target"] for m in services[name].get("volumes", [])] in ([], ["/agent"])
+    # No engine socket unless the opt-in file is named.
+    assert not any("docker.sock" in m["source"] for m in mounts.values())
+
+
+def test_the_socket_opt_in_mounts_socket_and_sandbox_folder_at_their_own_paths(
+    tmp_path: Path,
+) -> None:
+    files = (COMPOSE_FILE.name, SANDBOXES, ENGINE_SOCKET)
+    services = render(sandbox_project(tmp_path / "project", files, SOCKET))["services"]
+    worker = services["worker"]
+    mounts = {m["source"]: m["target"] for m in worker["volumes"] if m["type"] == "bind"}
+    assert mounts["/var/run/docker.sock"] == "/var/run/docker.sock"
+    assert mounts[SOCKET["SANDBOX_DIR"]] == SOCKET["SANDBOX_DIR"]
+    assert worker["environment"]["ROLLOUT_FLEET_SANDBOX_DIR"] == SOCKET["SANDBOX_DIR"]
+    assert worker["environment"]["DOCKER_HOST"] == SOCKET["SANDBOX_DOCKER_HOST"]
+    assert worker["group_add"] == [SOCKET["SANDBOX_DOCKER_SOCKET_GID"]]
+    for name in ("gateway", "flower"):
+        assert "group_add" not in services[name]
+        assert not any("docker.sock" in m["source"] for m in services[name].get("volumes", []))
 
 
 # --- the images ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES)
-def test_images_are_multi_stage_locked_unprivileged_and_secret_free(dockerfile: str) -> None:
+@pytest.mark.parametrize(
+    ("dockerfile", "target"),
+    [("Dockerfile.gateway", None), ("Dockerfile.worker", None), ("Dockerfile.worker", "sandboxes")],
+)
+def test_images_are_multi_stage_locked_unprivileged_and_secret_free(
+    dockerfile: str, target: str | None
+) -> None:
     text = (REPO / dockerfile).read_text()
-    stages = re.findall(r"(?m)^FROM (\S+)", text)
-    assert len(stages) == 2
-    assert all(base == "python:3.12-slim-bookworm" for base in stages)  # same venv paths
+    named = stages(REPO / dockerfile)
+    names = {stage.name for stage in named}
+    # Every stage starts on the one Python image (same venv paths) or on an earlier stage.
+    assert all(s.base == "python:3.12-slim-bookworm" or s.base in names for s in named)
     assert "uv sync --frozen" in text  # dependencies exactly as uv.lock pins them
-    final = text.rsplit("\nFROM ", 1)[1]
-    user = re.search(r"(?m)^USER (\S+)", final)
-    assert user is not None
-    assert user.group(1).isdigit()
-    assert user.group(1) != "0"
-    assert re.findall(r"(?m)^COPY .*", final) == ["COPY --from=build /app/.venv /app/.venv"]
-    image = Image.from_dockerfile(REPO / dockerfile)
-    assert image.entrypoint == ["rollout-fleet"]  # exec form: PID 1 gets SIGTERM
+    image = lineage(REPO / dockerfile, target)
+    steps = [step for stage in image for step in stage.steps]
+    users = [args for instruction, args in steps if instruction == "USER"]
+    assert users[-1].isdigit()
+    assert users[-1] != "0"
+    # Nothing of the build context enters the image: only what build stages made.
+    copies = [args for instruction, args in steps if instruction == "COPY"]
+    assert all(re.match(r"--from=[\w-]+ /", args) for args in copies), copies
+    assert any(args.endswith(" /app/.venv /app/.venv") for args in copies)
+    assert not any("uv" in args.split() for instruction, args in steps if instruction == "RUN")
+    assert Image.from_dockerfile(REPO / dockerfile, target).entrypoint == ["rollout-fleet"]
     assert not re.search(r"(?im)^(ENV|ARG)\b.*(KEY|PASSWORD|TOKEN|SECRET)", text)
+
+
+def test_only_the_sandbox_image_carries_harbor_and_dockers_client() -> None:
+    """The fleet's images stay light: the harbor extra, the docker CLI and its compose plugin
+    are in the ``sandboxes`` target only (docs/SANDBOXES.md)."""
+    path = REPO / "Dockerfile.worker"
+    by_name = {stage.name: stage for stage in stages(path)}
+
+    def runs(stage_names: list[str | None]) -> str:
+        steps = [step for name in stage_names for step in by_name[name].steps]
+        return " ".join(args for op, args in steps if op in ("RUN", "COPY"))
+
+    plain = [stage.name for stage in lineage(path)]
+    sandboxes = [stage.name for stage in lineage(path, "sandboxes")]
+    assert "--extra harbor" not in runs(["build", *plain])
+    assert "docker" not in runs(plain)
+    assert "--extra harbor --group compose-plugin" in runs(["sandbox-build"])
+    assert "/usr/local/bin/docker" in runs(sandboxes)
+    assert "/usr/local/lib/docker/cli-plugins/docker-compose" in runs(sandboxes)
+    (cli,) = [s for s in stages(path) if s.name == "docker-cli"]
+    assert "ARG DOCKER_CLI_VERSION=26.1.5+dfsg1-*" in [f"{op} {args}" for op, args in cli.steps]
 
 
 def test_the_build_context_leaves_out_local_secrets_and_state() -> None:
