@@ -75,13 +75,30 @@ def write_task(folder: Path, *, solve_seconds: float = 0, tests: bool = True) ->
     return folder
 
 
-def write_oracle_rollout(folder: Path, *, solve_seconds: float = 0, slots: int = 4) -> Path:
-    """An upstream-shaped Harbor rollout folder with the oracle agent; its main.py."""
+# write_oracle_rollout(mounts=True): Harbor's own bind mounts of the trial's log folders.
+MOUNTED = """\
+from harbor.models.environment_type import EnvironmentType
+from harbor.models.trial.config import EnvironmentConfig
+
+"""
+MOUNTS = """\
+    environment_config=EnvironmentConfig(
+        type=EnvironmentType.DOCKER, kwargs={"auto_mounting": True}
+    ),
+"""
+
+
+def write_oracle_rollout(
+    folder: Path, *, solve_seconds: float = 0, slots: int = 4, mounts: bool = False
+) -> Path:
+    """An upstream-shaped Harbor rollout folder with the oracle agent; its main.py. With
+    ``mounts``, Harbor bind-mounts the trial's log folders into the sandbox (off by default:
+    Harbor then copies what it needs in and out), as tests/docker/test_compose_sandboxes.py
+    needs."""
     write_task(folder / "multiply_task", solve_seconds=solve_seconds)
     main = folder / "main.py"
-    main.write_text(
-        textwrap.dedent(
-            f"""\
+    text = textwrap.dedent(
+        f"""\
             from pathlib import Path
 
             from harbor.trial.queue import TrialQueue
@@ -99,8 +116,10 @@ def write_oracle_rollout(folder: Path, *, solve_seconds: float = 0, slots: int =
             )
             app = create_rollout_server(backend=backend, lifespan=backend.prewarm_lifespan())
             """
-        )
     )
+    if mounts:
+        text = MOUNTED + text.replace('    agent="oracle",\n', f'    agent="oracle",\n{MOUNTS}')
+    main.write_text(text)
     return main
 
 

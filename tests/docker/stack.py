@@ -4,7 +4,8 @@ A :class:`Checkout` is a copy of the repository in a temporary folder, where the
 commands run word for word (``cp .env.example .env``, ``docker compose up ...``) with the
 ``docker`` CLI and the Compose v2 plugin, against the engine ``scripts/docker-test-engine``
 runs. The one test-only difference is ``tests/docker/compose.test.yml`` (image builds use the
-host's network), given through ``COMPOSE_FILE`` so the commands stay as printed.
+host's network), given through ``COMPOSE_FILE`` after the files ``.env`` names there, so the
+commands stay as printed.
 
 A :class:`Stack` is a running project: the engine (the ``docker`` SDK) for containers, logs,
 kills and health; the gateway through its published port; Redis at its container's address
@@ -44,7 +45,6 @@ from tests.harness import REPO, MockTrainGateClient
 OVERRIDE = "tests/docker/compose.test.yml"  # relative to a checkout
 COMPOSE_PLUGIN = Path(compose.__file__).parent / "docker-compose"
 PROJECT = "rollout-fleet"  # docker-compose.yml's `name:`
-NETWORK = f"{PROJECT}_default"
 README = REPO / "README.md"
 
 # A user's checkout: everything in the repository but local state.
@@ -134,9 +134,10 @@ class Checkout:
     host: str
     config_dir: Path
     home: Path
+    project: str = PROJECT  # another name keeps this stack apart from other runs' on the engine
 
     @classmethod
-    def create(cls, folder: Path, host: str) -> Checkout:
+    def create(cls, folder: Path, host: str, project: str = PROJECT) -> Checkout:
         root = folder / "rollout-fleet"
         shutil.copytree(
             REPO,
@@ -151,23 +152,29 @@ class Checkout:
         (folder / "docker-config" / "bin").mkdir()
         (folder / "docker-config" / "bin" / "docker").symlink_to(engine_cli())
         (folder / "home").mkdir()
-        return cls(root, host, folder / "docker-config", folder / "home")
+        return cls(root, host, folder / "docker-config", folder / "home", project)
 
     @property
     def env(self) -> dict[str, str]:
         """The user's shell: nothing of the test run's own environment leaks into compose's
         interpolation, which reads the shell before ``.env``. Its ``docker`` builds with
-        BuildKit, as Docker does by default since 23.0 (see :data:`ENGINE_CLI`)."""
-        return {
+        BuildKit, as Docker does by default since 23.0 (see :data:`ENGINE_CLI`). Compose
+        reads the files ``.env``'s ``COMPOSE_FILE`` names (else ``docker-compose.yml``), then
+        the test-only override."""
+        files = self.env_setting("COMPOSE_FILE") or "docker-compose.yml"
+        env = {
             "PATH": os.pathsep.join([str(self.config_dir / "bin"), os.environ["PATH"]]),
             "DOCKER_BUILDKIT": "1",
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
             "DOCKER_HOST": self.host,
             "DOCKER_CONFIG": str(self.config_dir),
-            "COMPOSE_FILE": os.pathsep.join(["docker-compose.yml", OVERRIDE]),
+            "COMPOSE_FILE": os.pathsep.join([files, OVERRIDE]),
             "COMPOSE_PROGRESS": "plain",
         }
+        if self.project != PROJECT:
+            env["COMPOSE_PROJECT_NAME"] = self.project
+        return env
 
     def run(
         self, command: str, timeout: float = 600, check: bool = True
@@ -205,6 +212,12 @@ class Checkout:
     def env_value(self, name: str) -> str:
         (value,) = re.findall(rf"(?m)^{name}=(.*)$", (self.root / ".env").read_text())
         return str(value)
+
+    def env_setting(self, name: str) -> str | None:
+        """``name``'s value in ``.env``, None while it has none (or no ``.env`` yet)."""
+        path = self.root / ".env"
+        found = re.findall(rf"(?m)^{name}=(.*)$", path.read_text()) if path.exists() else []
+        return str(found[-1]) if found and found[-1] else None
 
 
 # --- a mock TrainGate on the compose network ------------------------------------------------
@@ -281,8 +294,12 @@ class Stack:
 
     # --- the engine's view ---
 
+    @property
+    def network(self) -> str:
+        return f"{self.checkout.project}_default"
+
     def containers(self, service: str | None = None, all: bool = False) -> list[Container]:
-        labels = [f"com.docker.compose.project={PROJECT}"]
+        labels = [f"com.docker.compose.project={self.checkout.project}"]
         if service:
             labels.append(f"com.docker.compose.service={service}")
         found = self.engine.containers.list(all=all, filters={"label": labels})
@@ -313,11 +330,11 @@ class Stack:
 
     def address(self, container: Container) -> str:
         container.reload()
-        return str(container.attrs["NetworkSettings"]["Networks"][NETWORK]["IPAddress"])
+        return str(container.attrs["NetworkSettings"]["Networks"][self.network]["IPAddress"])
 
     def network_gateway(self) -> str:
         """This host's address on the compose network."""
-        (config,) = self.engine.networks.get(NETWORK).attrs["IPAM"]["Config"]
+        (config,) = self.engine.networks.get(self.network).attrs["IPAM"]["Config"]
         return str(config["Gateway"])
 
     def logs(self, service: str | None = None) -> str:
@@ -433,9 +450,9 @@ def required_settings() -> dict[str, str]:
     }
 
 
-def clear_project(engine: docker.DockerClient) -> None:
+def clear_project(engine: docker.DockerClient, project: str = PROJECT) -> None:
     """Remove what an earlier, interrupted run of the project left (its name is fixed)."""
-    label: dict[str, str | list[str] | bool] = {"label": f"com.docker.compose.project={PROJECT}"}
+    label: dict[str, str | list[str] | bool] = {"label": f"com.docker.compose.project={project}"}
     for container in engine.containers.list(all=True, filters=label):
         container.remove(force=True, v=True)
     for network in engine.networks.list(filters=label):
@@ -452,12 +469,13 @@ def compose_project(
     commands: list[str],
     settings: dict[str, str],
     before: Callable[[Checkout], None] | None = None,
+    project: str = PROJECT,
 ) -> Iterator[Stack]:
     """A fresh checkout in ``folder`` where ``commands`` run (the first makes ``.env``, which
     then gets the required values, free ports and ``settings``), the mock TrainGate on the
     compose network; ``down -v`` at the end, the services' logs kept in test-output/docker/."""
-    clear_project(engine)
-    checkout = Checkout.create(folder, docker_host())
+    clear_project(engine, project)
+    checkout = Checkout.create(folder, docker_host(), project)
     if before is not None:
         before(checkout)
     ports = {name: str(free_port()) for name in ("GATEWAY_PORT", "FLOWER_PORT")}
