@@ -169,7 +169,7 @@ def test_sandboxed_rollouts_through_the_gateway_succeed_and_leave_no_sandbox(
     for record in stack.records("v2", list(done)):
         assert (record["status"], record["terminations"]) == ("success", "1")
         assert record["container"].startswith(f"{PROJECT}-worker-")
-    print(f"{ROLLOUTS} oracle rollouts in sandboxes through compose in {took:.1f}s")
+    print(f"up --build --wait {stack.up_seconds:.1f}s; {ROLLOUTS} rollouts in {took:.1f}s")
 
     # The worker prepared the task in the sandbox folder, at this host's path; each successful
     # trial's folder is gone with its sandbox.
