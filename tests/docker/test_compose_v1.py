@@ -145,6 +145,8 @@ def test_the_readme_commands_build_both_images_and_start_every_service_healthy(
         "durability": "ok",  # the compose Redis keeps an append-only file
         "replicas": "ok",
         "queue": "ok",
+        "sandbox_slots": 0,  # the calculator runs no sandboxes
+        "sandboxes": 0,
     }
 
 
