@@ -10,6 +10,7 @@ through this process's memory. Run several behind one port (``rollout-fleet gate
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
@@ -20,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rollout_core import tracing
 from rollout_core.durability import RedisWatch, StartRefused, start_checks
+from rollout_core.polling_clock import PollingClock
 from rollout_core.queue import celery_app
 from rollout_core.secrets import load_secret_box
 from rollout_core.settings import FleetSettings
@@ -151,10 +153,14 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
         app.state.service = (
             FleetAgentLoop(gateway) if listener is None else FleetRollouts(gateway, listener)
         )
+        clock = asyncio.create_task(PollingClock(store).run(), name="polling-clock")
         settle_heap()
         try:
             yield
         finally:
+            clock.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await clock
             tracing.shutdown()
             if isinstance(app.state.service, FleetRollouts):
                 app.state.service.shutting_down = True

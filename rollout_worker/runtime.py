@@ -26,6 +26,7 @@ from celery import Celery
 from celery.worker import state as worker_state
 
 from rollout_core.durability import RedisWatch, start_checks
+from rollout_core.polling_clock import PollingClock
 from rollout_core.protocols import cancelled_result
 from rollout_core.queue.envelope import task_message
 from rollout_core.secrets import SecretBox, load_secret_box
@@ -240,6 +241,7 @@ class WorkerRuntime:
                 "revoke-check": every(REVOKE_CHECK_SECONDS, self._cancel_revoked),
                 "durability-check": every(DURABILITY_CHECK_SECONDS, self._check_durability),
                 "stop-listener": self._listen_for_stops(),
+                "polling-clock": PollingClock(self._on_loop.store).run(),
                 **self._sandbox_chores(),
             }
         )

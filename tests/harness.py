@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import redis
@@ -252,7 +253,7 @@ def v2_body(trainer_url: str, rollout_id: str | None = None, **fields: Any) -> d
     body: dict[str, Any] = {
         "rollout_id": rollout_id,
         "initial_messages": [{"role": "user", "content": "What is 6 * 7?"}],
-        "chat_completions_url": f"{trainer_url}/v1/rollouts/{rollout_id}",
+        "chat_completions_url": f"{trainer_url}/v1/rollouts/{quote(rollout_id, safe='')}",
         "label": "42",
     }
     body.update(fields)
@@ -280,7 +281,8 @@ class V2FleetUnderTest(FleetUnderTest):
         return self.http.post("/rollout", json=body)
 
     def poll(self, rollout_id: str, token: str) -> httpx.Response:
-        return self.poller.get(f"/rollout/{rollout_id}/result", headers={LEASE_HEADER: token})
+        path = f"/rollout/{quote(rollout_id, safe='')}/result"
+        return self.poller.get(path, headers={LEASE_HEADER: token})
 
     def admitted(self, **fields: Any) -> tuple[str, str]:
         """Admit a rollout; its (id, lease token)."""

@@ -29,7 +29,7 @@ from rollout_core.store import (
     Status,
     Verdict,
 )
-from rollout_core.store.schema import UNACKED, UNACKED_INDEX
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX, ClockField
 from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.types import RolloutResultResponse, RolloutStatus
 from rollout_worker.sweeper import Sweeper
@@ -357,6 +357,57 @@ async def test_the_sweeper_expires_unpolled_rollouts_once(store: RecordStore, re
     assert (result.rollout_id, result.err_category) == ("u1", "lease_expired")
     assert await store.overdue_polls(10) == []
     assert (await store.load(store.keys.record("v2", "u2"))).status is Status.QUEUED
+
+
+async def _outage(store: RecordStore, redis: Redis, seconds: float) -> int:
+    """Make the polling clock read as if no fleet process had reached Redis for ``seconds``
+    (Redis stopped, restarting, cut off); Redis's time now (ms)."""
+    now = round(await store.clock() * 1000)
+    await redis.hset(store.keys.clock, ClockField.TICK, now - round(seconds * 1000))
+    return now
+
+
+async def test_time_nobody_reached_redis_does_not_count_against_a_polling_lease(
+    store: RecordStore, redis: Redis
+) -> None:
+    """No fleet process reached Redis for 10 s: a lease still running when the last one did
+    is moved on by those 10 s, whoever looks first (a poll here, a sweep below); one that
+    had run out before stays run out; and the clock says what it found, once."""
+    for rollout in ("polled", "swept", "overdue"):
+        await v2_admit(store, rollout, "d1")
+    polled, swept, overdue = (store.keys.record("v2", r) for r in ("polled", "swept", "overdue"))
+    now = await _outage(store, redis, 10)
+    deadlines = {polled: now - 5000, swept: now - 4000, overdue: now - 11_000}
+    await redis.zadd(store.keys.poll_leases, deadlines)
+    poll = {"poll_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
+    reply = await store.poll(polled, "d1", **poll)
+    assert (reply.outcome, reply.status) == (PollOutcome.STATUS, Status.QUEUED)
+    assert await store.overdue_polls(10) == [overdue]
+    moved = await redis.zscore(store.keys.poll_leases, swept)
+    assert moved is not None
+    assert now + 6000 <= moved < now + 16_000  # moved on by the gap
+    outages, away = await store.tick()
+    assert outages == 1
+    assert 10 <= away < 20
+    assert await store.tick() == (outages, away)  # found once
+
+
+async def test_a_lease_nobody_renews_still_runs_out_after_an_outage(
+    store: RecordStore, redis: Redis
+) -> None:
+    """The outage is added once: from then on the lease runs as before, and a sweep expires
+    it when it runs out."""
+    sweeper = Sweeper(store, lambda key: f"AGAIN {key}", fleet("redis://unused"))
+    await v2_admit(store, "gone", "d1")
+    key = store.keys.record("v2", "gone")
+    now = await _outage(store, redis, 10)
+    await redis.zadd(store.keys.poll_leases, {key: now - 9500})  # 0.5 s left at the last tick
+    await sweeper.sweep()
+    assert (await store.load(key)).status is Status.QUEUED
+    await asyncio.sleep(0.8)
+    await sweeper.sweep()
+    result = RolloutResultResponse.model_validate_json(await redis.hget(key, "result"))
+    assert result.err_category == "lease_expired"
 
 
 async def test_an_abandoned_rollout_is_failed_by_its_next_claim(

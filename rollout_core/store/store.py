@@ -1002,6 +1002,12 @@ class RecordStore:
             previous = (await pipe.execute())[0]
         return {RecordKey(key) for key in previous}
 
+    async def tick(self) -> tuple[int, float]:
+        """This process reached Redis: the polling leases' clock ticks (``tick.lua``). How
+        many outages the clock has found, and the last one's length in seconds."""
+        outages, away_ms = await self._run("tick", [], [])
+        return int(outages or 0), int(away_ms or 0) / 1000
+
     async def overdue_polls(self, limit: int) -> list[RecordKey]:
         """v2 rollouts nobody polled in time."""
         return list(await self._run("overdue_polls", [], [limit]))

@@ -41,6 +41,7 @@ from rollout_sdk import (
     SampleSource,
     get_rollout_context,
 )
+from rollout_sdk.client.headers import llm_call_headers
 
 ERRORS = {"RuntimeError": RuntimeError, "ValueError": ValueError, "TimeoutError": TimeoutError}
 
@@ -72,7 +73,7 @@ TLS = ssl.create_default_context()
 async def chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
     ctx = get_rollout_context()
     assert ctx is not None
-    headers = {"x-rollout-id": ctx.rollout_id, "x-sample-id": ctx.rollout_id}
+    headers = llm_call_headers(ctx.rollout_id, ctx.rollout_id)  # any id, P§2.11
     if ctx.api_key:
         headers["Authorization"] = f"Bearer {ctx.api_key}"
     async with httpx.AsyncClient(timeout=30, verify=TLS) as client:

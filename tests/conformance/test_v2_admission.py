@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import socket
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from rollout_core.store import Keys
+from rollout_sdk.types.protocol import MAX_ROLLOUT_ID_BYTES
 from tests.conftest import v2_fleet
 from tests.harness import V2FleetUnderTest, new_id
 
@@ -158,3 +160,52 @@ def test_73_a_rollout_is_scheduled_before_its_202_is_written(fleet: V2FleetUnder
     )
     assert deadline is not None  # it ends at lease expiry (see test_v2_leases)
     assert deadline > 0
+
+
+# Item 153: a rollout id holds at most 255 bytes of UTF-8. The widest characters take 4 bytes
+# each (12 percent-encoded, in a poll's path and an LLM call's header).
+WIDEST = "\U0001f600"
+
+
+def sized_id(size: int) -> str:
+    """A fresh id of ``size`` bytes of UTF-8, as many 4-byte characters as fit."""
+    unique = new_id()
+    rest = size - len(unique)
+    return WIDEST * (rest // 4) + "x" * (rest % 4) + unique
+
+
+def test_153_an_id_at_the_limit_is_admitted_run_polled_and_cancelled(
+    fleet: V2FleetUnderTest, artifact_root: Path
+) -> None:
+    ran, cancelled = sized_id(MAX_ROLLOUT_ID_BYTES), sized_id(MAX_ROLLOUT_ID_BYTES)
+    assert len(ran.encode()) == MAX_ROLLOUT_ID_BYTES
+    assert ran.count(WIDEST) == 60  # 255 bytes: 60 emoji, one byte more and the new_id
+    final = fleet.result(*fleet.admitted(rollout_id=ran))  # polled by the percent-encoded id
+    assert (final["rollout_id"], final["status"]) == (ran, "success")
+    assert final["sample"]["reward"] == 1.0
+    (call,) = fleet.trainer.calls("chat", ran)
+    assert call["x_rollout_id"] == ran  # P§2.11: the header names it, percent-encoded
+    assert (artifact_root / ran / "artifacts").is_dir()  # a file name's limit: it fits
+
+    token = fleet.admitted(rollout_id=cancelled, metadata=SLOW)[1]
+    fleet.wait_status(cancelled, {"running"})
+    response = fleet.http.post("/rollout/cancel", json={"ids": [cancelled]})
+    assert response.json() == {"dispositions": {cancelled: "cancelled_running"}}
+    assert fleet.result(cancelled, token)["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("size", [MAX_ROLLOUT_ID_BYTES + 1, 3_000_000])
+def test_153_an_id_past_the_limit_is_refused_in_one_line(
+    fleet: V2FleetUnderTest, size: int
+) -> None:
+    rollout_id = sized_id(size)
+    response = fleet.admit(fleet.body(rollout_id))
+    assert response.status_code == 422
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "rollout_id"]
+    assert error["msg"] == (
+        f"Value error, rollout_id must be at most {MAX_ROLLOUT_ID_BYTES} bytes of UTF-8; "
+        f"this one has {size}"
+    )
+    assert len(response.content) < 1000  # the id is not echoed back
+    assert not fleet.record(rollout_id)

@@ -11,6 +11,34 @@ local function due(index, record, now)
   local at = redis.call('ZSCORE', index, record)
   return at ~= false and tonumber(at) <= (now or now_ms())
 end
+-- Now (ms), on the clock polling deadlines (POLLS) run on: time the fleet's Redis could not
+-- answer does not count against a trainer's polling lease (P§2.7), since every poll failed
+-- then. Every fleet process ticks every second (CLOCK_FIELD.tick = now), and so does every
+-- script that reads or sets a polling deadline. One that finds the last tick older than
+-- POLLING_CLOCK_GAP_MS knows no fleet process reached Redis since (it was stopped, restarting,
+-- loading its AOF, failing over, or cut off from all of them), whoever saw it and whoever did
+-- not: it moves every deadline that was still running at the last tick on by the whole gap,
+-- once (the tick it writes closes the gap). A deadline past at the last tick stays past.
+-- A tick is written only once the last is POLLING_CLOCK_RESOLUTION_MS old (or ahead of the
+-- clock): a busy fleet's polls do not each add a write to the AOF and the replicas.
+local function polling_now()
+  local now = now_ms()
+  local stored = redis.call('HGET', CLOCK, CLOCK_FIELD.tick)
+  local last = tonumber(stored or now)
+  local gap = now - last
+  if gap > POLLING_CLOCK_GAP_MS then
+    local running = redis.call('ZRANGEBYSCORE', POLLS, '(' .. last, '+inf', 'WITHSCORES')
+    for i = 1, #running, 2 do
+      redis.call('ZADD', POLLS, tonumber(running[i + 1]) + gap, running[i])
+    end
+    redis.call('HSET', CLOCK, CLOCK_FIELD.away_ms, gap, CLOCK_FIELD.away_at, now)
+    redis.call('HINCRBY', CLOCK, CLOCK_FIELD.outages, 1)
+  end
+  if not stored or gap >= POLLING_CLOCK_RESOLUTION_MS or gap < 0 then
+    redis.call('HSET', CLOCK, CLOCK_FIELD.tick, now)
+  end
+  return now
+end
 -- Whether a record is a v2 rollout's (only those have a polling lease and a v2-ids entry).
 local function is_v2(record)
   return string.sub(record, 1, string.len(V2_RECORDS)) == V2_RECORDS

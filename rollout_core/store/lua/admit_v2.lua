@@ -22,7 +22,7 @@ end
 if held[1] then
   return ADMIT.duplicate
 end
-local now = now_ms()
+local now = polling_now()
 local deadline = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued, FIELD.accepted_at, now, FIELD.attempt, 0,
            FIELD.lease_digest, ARGV[6], unpack(ARGV, 7))

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Generator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import ValidationError
@@ -122,7 +123,7 @@ class RolloutHandle:
         while True:
             try:
                 response = await self._client.http.get(
-                    f"{self._client.url}/rollout/{self.rollout_id}/result",
+                    f"{self._client.url}/rollout/{quote(self.rollout_id, safe='')}/result",
                     headers={
                         **self._client.auth_headers,
                         POLLING_LEASE_HEADER: self._admission.polling_lease_token,

@@ -9,7 +9,8 @@ every chat call sent through a client of :func:`~rollout_sdk.client.new_http_cli
 integrations' clients are) asks for token ids and logprobs the way vLLM takes them
 (``return_token_ids``, ``logprobs``; a call that sets either itself keeps its choice), and its
 answer, JSON or server-sent events, is read as it passes to the caller, never held back from it.
-Each answered call becomes one turn, named by its sample (the ``x-sample-id`` header).
+Each answered call becomes one turn, named by its sample (the ``x-sample-id`` header, decoded:
+``headers.py``).
 
 Read from an answer (vLLM's shapes, and the v1 TrainGate dialect's top-level fields):
 ``prompt_token_ids``; ``choices[0].token_ids``, or ``token_ids``; ``choices[0].logprobs.content
@@ -31,12 +32,11 @@ from typing import Any, NotRequired, TypedDict
 
 import httpx
 
+from rollout_sdk.client.headers import ROLLOUT_HEADER, SAMPLE_HEADER, decode_header_id
 from rollout_sdk.client.sse import SSEDecoder
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_HEADER = "x-rollout-id"
-SAMPLE_HEADER = "x-sample-id"
 # What a chat call asks for, unless it says otherwise (vLLM's names).
 ASKED_FIELDS: dict[str, Any] = {"return_token_ids": True, "logprobs": True}
 _DONE = "[DONE]"
@@ -295,7 +295,8 @@ class TurnCapture:
         recorder = _recorder.get()
         if recorder is None or not _is_chat(request):
             return request, None
-        return _asking(request), cls(recorder, request.headers.get(SAMPLE_HEADER))
+        sample = request.headers.get(SAMPLE_HEADER)
+        return _asking(request), cls(recorder, None if sample is None else decode_header_id(sample))
 
     def attach(self, response: httpx.Response) -> httpx.Response:
         """Read a successful answer as its caller reads it; kept once read to the end."""

@@ -3,7 +3,8 @@
 Rollouts on one event loop share a few ``AsyncOpenAI`` clients, each over its own connection
 pool, one picked per rollout (small pools: see :class:`~rollout_sdk.client.HttpClientShards`);
 each rollout gets a cheap ``with_options`` view carrying its base URL, its key and the
-``x-rollout-id`` / ``x-sample-id`` headers. A client must not cross event loops, hence
+``x-rollout-id`` / ``x-sample-id`` headers (ids that are not plain header-safe ASCII
+percent-encoded: ``rollout_sdk.client.headers``). A client must not cross event loops, hence
 clients per loop.
 """
 
@@ -24,8 +25,8 @@ import httpx
 import openai.resources  # noqa: F401
 from openai import APIStatusError, AsyncOpenAI
 
+from rollout_sdk.client.headers import llm_call_headers
 from rollout_sdk.client.traingate import answered, new_http_client
-from rollout_sdk.client.turns import ROLLOUT_HEADER, SAMPLE_HEADER
 from rollout_sdk.config import get_settings
 from rollout_sdk.context import RolloutContext
 
@@ -99,10 +100,9 @@ def shared_client(rollout_id: str = "") -> AsyncOpenAI:
 
 
 def rollout_headers(ctx: RolloutContext, sample_id: str | None) -> dict[str, str]:
-    headers = {ROLLOUT_HEADER: ctx.rollout_id}
-    if sample_id:
-        headers[SAMPLE_HEADER] = sample_id
-    return headers
+    """``x-rollout-id`` and (with ``sample_id``) ``x-sample-id``, each id percent-encoded
+    unless it is plain header-safe ASCII (``rollout_sdk.client.headers``, P§2.11)."""
+    return llm_call_headers(ctx.rollout_id, sample_id)
 
 
 def rollout_client(ctx: RolloutContext, sample_id: str | None = None) -> AsyncOpenAI:

@@ -52,12 +52,16 @@ def _json_safe(value: Any) -> Any:
 
 
 _SECRET_FIELDS = frozenset({"api_key", "llm_api_key"})
+# A string input longer than this is not echoed (a 3 MB rollout id came back whole): the
+# message says what is wrong with it.
+ECHO_LIMIT = 1024
 
 
 def _without_secrets(error: dict[str, Any]) -> dict[str, Any]:
     """A 422 names a bad key's field, never echoes a key (the input it shows may be the whole
-    body)."""
-    if _SECRET_FIELDS.intersection(str(part) for part in error.get("loc", ())):
+    body), nor a long string."""
+    long_text = isinstance(error.get("input"), str) and len(error["input"]) > ECHO_LIMIT
+    if long_text or _SECRET_FIELDS.intersection(str(part) for part in error.get("loc", ())):
         return {name: value for name, value in error.items() if name not in ("input", "ctx")}
     if isinstance(error.get("input"), dict):
         shown = {k: "<redacted>" if k in _SECRET_FIELDS else v for k, v in error["input"].items()}

@@ -8,7 +8,10 @@ The v2 side is OpenAI-compatible: ``POST /v1/rollouts/{rollout_id}/chat/completi
 JSON, or SSE chunks when the body asks for ``"stream": true`` (point a rollout's
 ``chat_completions_url`` at ``{mock}/v1/rollouts/{rollout_id}``). Asked for them as vLLM is
 (``return_token_ids``, ``logprobs``), it returns token ids and logprobs as vLLM does, random
-for each call; ``/mock/calls`` shows what each answer carried (``answer``).
+for each call; ``/mock/calls`` shows what each answer carried (``answer``). A call's
+``x-rollout-id`` and ``x-sample-id`` headers are read as P§2.11 says (percent-decoded, a plain
+value as itself): ``/mock/calls`` shows the ids they name (``x_rollout_id``, ``x_sample_id``)
+besides the raw headers.
 
     POST /mock/faults   [{"target": "chat", "status": 503, "times": 3}, ...]
                         [{"target": "chat", "reset": true, "times": null, "probability": 0.05}]
@@ -35,6 +38,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
+from rollout_sdk.client.headers import ROLLOUT_HEADER, SAMPLE_HEADER, decode_header_id
 from rollout_sdk.core.schemas import CompletionsRequest, MessageDict, RolloutResponse
 from rollout_sdk.testing.responders import (
     RESPONDERS,
@@ -110,6 +114,8 @@ class RecordedCall(BaseModel):
     at: float
     status: int
     answer: dict[str, Any] | None = None  # OpenAI dialect: the token ids and logprobs it sent
+    x_rollout_id: str | None = None  # the ids its x-rollout-id / x-sample-id headers name
+    x_sample_id: str | None = None
 
 
 @dataclass
@@ -174,6 +180,10 @@ class MockTrainGate:
         self, target: Target, rollout_id: str | None, request: Request, body: Any
     ) -> RecordedCall:
         """Note a call as it arrives (its status is filled in when it is answered)."""
+        named = {
+            name: decode_header_id(value) if (value := request.headers.get(name)) else None
+            for name in (ROLLOUT_HEADER, SAMPLE_HEADER)
+        }
         call = RecordedCall(
             target=target,
             path=request.url.path,
@@ -182,6 +192,8 @@ class MockTrainGate:
             body=body,
             at=time.time(),
             status=0,
+            x_rollout_id=named[ROLLOUT_HEADER],
+            x_sample_id=named[SAMPLE_HEADER],
         )
         if self.record_calls:
             self.calls.append(call)

@@ -29,13 +29,38 @@ _NOT_ON_THE_WIRE = {"trajectory_messages", "id"}
 DEFAULT_RESULT_WAIT_TIMEOUT_SEC = 30.0
 DEFAULT_POLLING_LEASE_TIMEOUT_SEC = 120.0
 DEFAULT_RESULT_RETENTION_SEC = 900.0
+# [decision] P§2.3: a rollout id holds at most this many bytes of UTF-8, a file name's limit
+# (each rollout's artifacts directory is named by it, S§2.14). Percent-encoded in a poll's
+# path or an LLM call's header (P§2.11) it takes at most three times as many: far from any
+# HTTP server's limit on a request line (above about 64 KB an id was admitted and could
+# never be polled).
+MAX_ROLLOUT_ID_BYTES = 255
+
+
+def _check_id_size(value: str) -> str:
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError as exc:
+        raise ValueError("rollout_id must be text UTF-8 can carry (no lone surrogates)") from exc
+    if size > MAX_ROLLOUT_ID_BYTES:
+        raise ValueError(
+            f"rollout_id must be at most {MAX_ROLLOUT_ID_BYTES} bytes of UTF-8; this one has {size}"
+        )
+    return value
 
 
 class RolloutInitRequest(BaseModel):
     """Body of ``POST /rollout``. Unknown fields (e.g. v2-cb callback URLs) are ignored."""
 
-    # The pattern only documents the check below (clients and fuzzers read the schema).
-    rollout_id: str = Field(json_schema_extra={"pattern": "^(?!\\.{1,2}$)[^/\\\\\\x00]+$"})
+    # The pattern and length only document the checks below (clients and fuzzers read the
+    # schema); the limit is in bytes of UTF-8, so a character counts 1 to 4 of it.
+    rollout_id: str = Field(
+        json_schema_extra={
+            "pattern": "^(?!\\.{1,2}$)[^/\\\\\\x00]+$",
+            "maxLength": MAX_ROLLOUT_ID_BYTES,
+            "description": f"at most {MAX_ROLLOUT_ID_BYTES} bytes of UTF-8",
+        }
+    )
     initial_messages: list[MessageDict]
     chat_completions_url: str
     llm_api_key: str | None = Field(default=None, repr=False)
@@ -47,6 +72,7 @@ class RolloutInitRequest(BaseModel):
     extra_fields: dict[str, Any] | None = None
 
     _check_id = field_validator("rollout_id")(ensure_single_path_segment)
+    _check_id_size = field_validator("rollout_id")(_check_id_size)
     _check_timeouts = field_validator("agent_timeout_sec", "grader_timeout_sec")(_finite_timeout)
 
     @field_validator("llm_api_key")
@@ -240,6 +266,7 @@ __all__ = [
     "DEFAULT_POLLING_LEASE_TIMEOUT_SEC",
     "DEFAULT_RESULT_RETENTION_SEC",
     "DEFAULT_RESULT_WAIT_TIMEOUT_SEC",
+    "MAX_ROLLOUT_ID_BYTES",
     "POLLING_LEASE_HEADER",
     "SAMPLES_EXTRA_FIELD",
     "CancelDisposition",
