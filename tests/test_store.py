@@ -361,8 +361,9 @@ async def test_the_sweeper_expires_unpolled_rollouts_once(store: RecordStore, re
 
 async def _outage(store: RecordStore, redis: Redis, seconds: float) -> int:
     """Make the polling clock read as if no fleet process had reached Redis for ``seconds``
-    (Redis stopped, restarting, cut off); Redis's time now (ms)."""
-    now = round(await store.clock() * 1000)
+    (Redis stopped, restarting, cut off); Redis's time now (ms, as the scripts read it)."""
+    whole, micros = await redis.time()
+    now = whole * 1000 + micros // 1000
     await redis.hset(store.keys.clock, ClockField.TICK, now - round(seconds * 1000))
     return now
 
