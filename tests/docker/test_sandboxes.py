@@ -32,6 +32,7 @@ from tests.conftest import V2_ENV, StartFleet
 from tests.docker.harbor_folders import write_probe_rollout, write_template_rollout
 from tests.docker.stack import COMPOSE_PLUGIN, Trainer, docker_host
 from tests.harness import LEASE_HEADER, V2FleetUnderTest, v2_body
+from tests.integration.test_operations import fleet_cli
 
 FLEET_LABEL = "org.rollout-fleet.fleet"
 ROLLOUT_LABEL = "org.rollout-fleet.rollout"
@@ -138,17 +139,7 @@ def test_twenty_oracle_rollouts_over_two_workers_succeed_and_leave_no_sandbox(
     for result in done.values():
         metrics = result["sample"]["metrics"]
         assert {"environment_setup_sec", "agent_sec", "verifier_sec", "trial_sec"} <= set(metrics)
-    status = subprocess.run(
-        [sys.executable, "-m", "rollout_fleet", "status", "--json"],
-        env={
-            **os.environ,
-            "REDIS_URL": oracle_fleet.fleet.redis_url,
-            "ROLLOUT_FLEET_KEY_PREFIX": oracle_fleet.prefix,
-        },
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    status = fleet_cli(oracle_fleet, "status", "--json")
     assert status.returncode == 0, status.stderr
     figures = json.loads(status.stdout)
     assert (figures["workers"], figures["sandbox_slots"], figures["finished"]) == (2, 8, 20)
@@ -283,17 +274,7 @@ def test_the_workspace_template_shaped_folder_runs_workflow_and_grader_in_sandbo
             # The workflow called the TrainGate from inside its sandbox.
             assert trainer.client().calls(rollout_id=rollout_id), rollout_id
         assert none_left(engine, fleet_label(fleet), within=5) < 5
-        exported = subprocess.run(
-            [sys.executable, "-m", "rollout_fleet", "export"],
-            env={
-                **os.environ,
-                "REDIS_URL": fleet.fleet.redis_url,
-                "ROLLOUT_FLEET_KEY_PREFIX": fleet.prefix,
-            },
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        exported = fleet_cli(fleet, "export")
         assert exported.returncode == 0, exported.stderr
         lines = {line["rollout_id"]: line for line in map(json.loads, exported.stdout.splitlines())}
         for rollout_id, _ in admitted:  # the trajectory and the trial's phases, exported
