@@ -56,7 +56,7 @@ def test_any_valid_id_gets_exactly_one_callback_with_a_header_safe_key(
     rollout_id = f"{rollout_id}-{new_id()}"[-256:]
     fields: dict[str, Any] = {"metadata": COMPLETE_AT_ONCE}
     if idempotency_key is not None:
-        fields["idempotency_key"] = f"{idempotency_key}-{new_id()}"
+        fields["idempotency_key"] = f"{idempotency_key}-{new_id()}"[-256:]
     response = handle.init(handle.body(rollout_id, **fields))
     assert response.status_code == 202, response.text
     key = fields.get("idempotency_key", rollout_id)
