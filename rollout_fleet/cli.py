@@ -212,7 +212,7 @@ def worker(
     """
     check_settings()
     from rollout_core.queue.celery_app import settings
-    from rollout_worker.tasks import run_worker
+    from rollout_worker.celery_worker import run_worker
 
     refuse_unsafe_redis(settings, admits=False, must_answer=False)
     load_agent_or_exit(settings.agent)  # before Celery starts: one line, at once

@@ -1,9 +1,12 @@
-"""Everything one worker process owns, built whole when the worker starts and closed when it
-stops.
+"""Everything one worker process owns: opened when Celery's worker is built, started with it
+and closed when it stops.
 
 Every rollout runs on the process's event loop, taken there from the queue by the intake,
 with one Redis pool and one HTTP pool shared by every rollout. Celery's worker, on the main
-thread, only drives this object through its signals (``rollout_worker/tasks.py``).
+thread, drives this object as one of its bootsteps (``rollout_worker/celery_worker.py``):
+``WorkerRuntime(...)`` opens the loop and connects (so a worker that cannot run rollouts
+exits before Celery starts anything), :meth:`WorkerRuntime.start` starts the chores and the
+watchdog, :meth:`WorkerRuntime.stop` winds down.
 """
 
 from __future__ import annotations
@@ -185,7 +188,8 @@ class _OnLoop:
 
 
 class WorkerRuntime:
-    """Starts on construction: the event loop and what it owns, the chores, the watchdog."""
+    """Opened on construction (the event loop, Redis, the carriers); :meth:`start` starts the
+    chores and the watchdog."""
 
     def __init__(
         self, settings: FleetSettings, app: Celery, agent: Agent, concurrency: int
@@ -201,8 +205,8 @@ class WorkerRuntime:
         self._stopping = False
         self._winding_down: concurrent.futures.Future[None] | None = None
         self._exit_deadline = ExitDeadline(self._last_words)
-        observe_traingate_calls(metrics.observe_traingate_call)
-        self._metrics_server = self._serve_metrics(settings.metrics_port, settings.metrics_host)
+        self._metrics_server: WSGIServer | None = None
+        self._chores: Chores | None = None
         self._loop = LoopThread()
         self._lineage = TaskLineage()
         self._lineage.install(self._loop.loop)
@@ -211,7 +215,6 @@ class WorkerRuntime:
             _OnLoop.open(settings, app, agent, concurrency, self.name, self._cancel_unstarted)
         )
         self._redis_watch = RedisWatch(self._on_loop.store, settings)
-        self._chores = self._loop.run(self._start_chores())
         self._watchdog = LoopWatchdog(
             self._loop.loop,
             self._loop.thread,
@@ -219,6 +222,14 @@ class WorkerRuntime:
             on_stall=self._recycle,
             limit=settings.loop_stall_limit,
         )
+
+    def start(self) -> None:
+        """Metrics, the chores (heartbeat, sweeper, stop listener, ...) and the watchdog; the
+        intake starts taking rollouts once Celery's consumer is ready (:meth:`mark_ready`)."""
+        observe_traingate_calls(metrics.observe_traingate_call)
+        settings = self.settings
+        self._metrics_server = self._serve_metrics(settings.metrics_port, settings.metrics_host)
+        self._chores = self._loop.run(self._start_chores())
         self._watchdog.start()
 
     @staticmethod
@@ -286,14 +297,16 @@ class WorkerRuntime:
             self._winding_down.result(budget)
         except Exception as exc:  # a timeout, or a wind-down that failed: close all the same
             logger.warning("stopping: the rollouts did not wind down (%r)", exc)
-        self._watchdog.stop()
+        if self._chores is not None:
+            self._watchdog.stop()
         self._loop.run(self._close(), timeout=CLOSE_SECONDS)
         self._loop.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
 
     async def _close(self) -> None:
-        await self._chores.stop()
+        if self._chores is not None:
+            await self._chores.stop()
         await asyncio.to_thread(self._alive_file.unlink, missing_ok=True)
         try:
             # Bounded: a Redis that does not answer would hold each try for its whole budget.

@@ -122,3 +122,27 @@ def test_the_checks_catch_what_they_forbid(tmp_path: Path) -> None:
         f"{sneaky}:4 calls .redis.hgetall",
     ]
     assert [target for _, target in imported(sneaky)] == ["rollout_worker", "redis"]
+
+
+def module_state_violations(paths: list[Path]) -> list[str]:
+    """A process's runtime lives in an object its owner holds (the worker's is a Celery
+    bootstep), never in a module global that functions rebind: ``global`` statements."""
+    return [
+        f"{where(path, node.lineno)} rebinds module state: global {', '.join(node.names)}"
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Global)
+    ]
+
+
+@pytest.mark.parametrize("package", ["rollout_gateway", "rollout_worker"])
+def test_no_process_keeps_its_runtime_in_a_module_global(package: str) -> None:
+    assert module_state_violations(list(modules(package))) == []
+
+
+def test_the_module_state_check_finds_a_global_runtime(tmp_path: Path) -> None:
+    sneaky = tmp_path / "sneaky_runtime.py"
+    sneaky.write_text("_runtime = None\n\ndef start():\n    global _runtime\n    _runtime = 1\n")
+    assert module_state_violations([sneaky]) == [
+        f"{sneaky}:4 rebinds module state: global _runtime"
+    ]
