@@ -37,7 +37,6 @@ app.conf.update(
         "health_check_interval": 25,
         "master_name": settings.sentinel_master,  # read with a sentinel:// URL only
     },
-    visibility_timeout=settings.visibility_timeout_seconds,
     # Our Redis records are the results; Celery's backend would only duplicate them.
     task_ignore_result=True,
     task_serializer="json",
