@@ -176,7 +176,7 @@ class Intake:
         self._slots.release()
 
     async def _run(self, key: RecordKey, message: QueuedMessage) -> None:
-        """One delivery: its task events around the executor's run (this task is the
+        """One message run: its task events around the executor's run (this task is the
         execution's: a cancel, a revoke or a lost lease cancels it)."""
         events, task_id = self._events, message.task_id
         events.received(message)
