@@ -68,7 +68,7 @@ class _Client:
     """The trainer's HTTP client. aiohttp, because the driver shares the machine with the
     system under test and must take little of it: at C = 64 httpx cost the driver 2.2 ms of
     CPU per no-op v2 rollout (one admission, one poll) and saturated a core, so the driver,
-    not the server, set the pace; aiohttp costs 0.6 ms (docs/PERFORMANCE.md)."""
+    not the server, set the pace; aiohttp costs 0.6 ms (CHANGELOG.md)."""
 
     def __init__(self, api_key: str | None) -> None:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -72,7 +72,7 @@ def bound(figure: str, value: float, op: str, limit: float) -> Line:
 
 
 def reported(figure: str, value: float) -> Line:
-    """A figure the issue asks to report, with no target."""
+    """A figure reported for reading, with no target."""
     return verdict(figure, value, "report", True)
 
 

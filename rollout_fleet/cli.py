@@ -206,9 +206,9 @@ def worker(
         str | None, typer.Option(help="Celery log level (default: ROLLOUT_FLEET_LOG_LEVEL)")
     ] = None,
 ) -> None:
-    """Run one worker process: a Celery consumer.
+    """Run one worker process: it takes rollouts off the queue and runs them on one asyncio loop.
 
-    It drives its rollouts on one asyncio loop.
+    Celery's worker runs beside it for remote control, heartbeats and Flower's task events.
     """
     check_settings()
     from rollout_core.queue.celery_app import settings

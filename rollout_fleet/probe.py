@@ -2,7 +2,8 @@
 
 Slim images have no curl, and a probe must know the fleet's own notion of health: the
 gateway's ``/ready`` (behind the server key for v2) and the worker's liveness file, which
-the worker touches only while its Celery consumer, asyncio loop and Redis all answer.
+the worker touches only while its intake takes work and its Celery consumer (revokes,
+heartbeats), asyncio loop and Redis all answer.
 """
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
-"""A worker process: a Celery consumer that runs many rollouts at once on one asyncio loop
-(``tasks.py`` → ``runtime.py`` → ``execution.py`` → the v1/v2 carriers). It reaches Redis only
-through ``rollout_core``'s store and never imports the gateway."""
+"""A worker process: runs many rollouts at once on one asyncio loop. Its intake takes rollout
+messages off the queue itself (``intake.py`` → ``execution.py`` → the v1/v2 carriers);
+Celery's worker in the same process consumes no queue and carries only remote control
+(revokes), heartbeats and the task events Flower shows (``tasks.py``, ``task_events.py``).
+It reaches Redis only through ``rollout_core``'s store and never imports the gateway."""

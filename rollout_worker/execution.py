@@ -224,7 +224,7 @@ class Executor:
         return {e.key: e.task for e in list(self._executions.values())}
 
     async def execute(self, key: RecordKey, task_id: str = "") -> str:
-        """Run one delivery of ``rollout.run`` (Celery task ``task_id``) in the calling task,
+        """Run one message of ``rollout.run`` (Celery task ``task_id``) in the calling task,
         which becomes the execution's (cancelling it stops the rollout); returns a short
         outcome for Flower."""
         with logs.about(self.store.keys.record_id(key)):

@@ -4,7 +4,7 @@ Celery's worker still runs in the process — its remote control (Flower's Revok
 heartbeats and the task events Flower shows go through it — but it consumes no queue
 (``rollout-fleet worker`` excludes the rollout queue). Its consumer thread, thread pool and
 the hop from a pool thread to the loop for every task cost as much CPU as the rest of a
-no-op rollout (docs/PERFORMANCE.md); here a message costs one ``BRPOP`` and a task.
+no-op rollout (CHANGELOG.md, 0.1.0); here a message costs one ``BRPOP`` and a task.
 
 A message is taken only while one of the worker's ``slots`` is free, so a worker never
 holds more messages than it runs, and what it took starts at once: the claim follows in the
@@ -176,7 +176,7 @@ class Intake:
         self._slots.release()
 
     async def _run(self, key: RecordKey, message: QueuedMessage) -> None:
-        """One delivery: its task events around the executor's run (this task is the
+        """One message run: its task events around the executor's run (this task is the
         execution's: a cancel, a revoke or a lost lease cancels it)."""
         events, task_id = self._events, message.task_id
         events.received(message)

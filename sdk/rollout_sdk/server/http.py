@@ -18,7 +18,7 @@ def settle_heap() -> None:
     the agent, the app) lives as long as the process, so take it out of the cyclic garbage
     collector's view. Otherwise every full collection scans it all again, and those scans
     were the largest single cost of a small request (a fleet admission went from 0.65 to
-    0.45 ms of CPU; docs/PERFORMANCE.md)."""
+    0.45 ms of CPU; CHANGELOG.md)."""
     gc.freeze()
 
 
