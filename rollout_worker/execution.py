@@ -118,6 +118,12 @@ class Lease:
         self._settings = settings
         self.confirmed_until = confirmed_until  # monotonic seconds
         self.lost = False  # set once any renewal found it held by another execution
+        self.posted = False  # a v1 callback attempt of this execution reached the wire
+
+    @property
+    def seconds(self) -> float:
+        """The lease's length (``ROLLOUT_FLEET_LEASE_SECONDS``)."""
+        return self._settings.lease_seconds
 
     def renewed(self, asked_at: float) -> None:
         """A renewal sent at ``asked_at`` (monotonic) found the lease still held."""
