@@ -16,13 +16,14 @@ fail with an unreadable record.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from rollout_core.durability import StartRefused
 from rollout_core.settings import FleetSettings
-from rollout_core.store import RecordStore
+from rollout_core.store import RecordStore, StoreFull
 
 logger = logging.getLogger(__name__)
 
@@ -117,15 +118,20 @@ async def keep_key_canary(store: RecordStore, box: SecretBox) -> None:
             "not have: replaced with this gateway's; workers without its key refuse to start",
             store.keys.key_canary,
         )
-    await store.write_key_canary(box.seal(CANARY), replace=True)
+    try:
+        await store.write_key_canary(box.seal(CANARY), replace=True)
+    except StoreFull:  # a full Redis refuses admissions anyway; the next start writes it
+        logger.warning("the key canary could not be written: Redis is full (maxmemory)")
 
 
 async def check_key_canary(store: RecordStore, box: SecretBox) -> None:
     """A worker starting: raise :class:`KeysDiffer` unless it opens the key canary (sealed
-    first by this worker if no gateway has yet)."""
-    await store.write_key_canary(box.seal(CANARY), replace=False)
+    first by this worker if no gateway has yet; none at all, on a full Redis: nothing to
+    compare with)."""
+    with contextlib.suppress(StoreFull):
+        await store.write_key_canary(box.seal(CANARY), replace=False)
     sealed = await store.read_key_canary()
-    if sealed is None or not box.opens_canary(sealed):
+    if sealed is not None and not box.opens_canary(sealed):
         raise KeysDiffer(KEYS_DIFFER.format(key=store.keys.key_canary))
 
 

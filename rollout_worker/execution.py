@@ -193,8 +193,9 @@ class Carrier(Interface):
         ...
 
     async def fail(self, claim: Claim, message: str, lease: Lease) -> Status | None:
-        """Fail a rollout whose record cannot be read (:class:`UnreadableRecord`): no request
-        to run, and no key to tell the trainer with; the record says why."""
+        """End a rollout this worker cannot carry (its record cannot be read:
+        :class:`UnreadableRecord`; or the worker faulted on it) once, saying why: the record
+        says it, and a v1 trainer hears it in an ERROR callback sent without a key."""
         ...
 
 
