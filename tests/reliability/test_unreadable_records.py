@@ -2,11 +2,12 @@
 read none of the fleet's records does not start.
 
 Real processes: a redis-server, a gateway, Celery workers and the mock TrainGate. The test
-admits rollouts, then makes their records unreadable in Redis (the sealed API key corrupted or
-sealed with another key, the stored request no longer a valid request, or cut short) before
-any worker takes them. Each ends once, with one ERROR callback to its trainer saying why and
-carrying no ``Authorization`` header (the key is what may not be readable); before, such a
-rollout failed without a word to its trainer. A worker given another
+admits rollouts, then, before any worker takes them, makes their records unreadable in Redis
+(the sealed API key corrupted or sealed with another key, the stored request no longer a
+valid request, or cut short) or damages the stored tools the worker hands the agent (the
+worker faults carrying it). Each ends once, with one ERROR callback to its trainer saying why
+and carrying no ``Authorization`` header (the key is what may not be readable); before, such
+a rollout failed without a word to its trainer. A worker given another
 ``ROLLOUT_FLEET_SECRET_KEY`` than the gateway's refuses to start, in one line.
 """
 
@@ -48,17 +49,24 @@ def cut_short_request(fields: dict[str, str]) -> tuple[str, str]:
     return "request", fields["request"][: len(fields["request"]) // 2 + 40]
 
 
+def damaged_tools(fields: dict[str, str]) -> tuple[str, str]:
+    """The request reads, but the worker faults on the stored tools it hands the agent."""
+    return "response", "{damaged"
+
+
 SPOILERS: dict[str, Callable[[dict[str, str]], tuple[str, str]]] = {
     "sealed with another key": foreign_seal,
     "sealed part corrupted": corrupt_seal,
     "request no longer valid": invalid_request,
     "request cut short": cut_short_request,
+    "worker faults on it": damaged_tools,
 }
 WHY = {
     "sealed with another key": "ROLLOUT_FLEET_SECRET_KEY",
     "sealed part corrupted": "ROLLOUT_FLEET_SECRET_KEY",
     "request no longer valid": "no longer parses",
     "request cut short": "no longer parses",
+    "worker faults on it": "the worker failed carrying this rollout: JSONDecodeError",
 }
 
 
@@ -91,8 +99,9 @@ def test_each_unreadable_record_ends_with_one_error_callback_without_authorizati
         assert "authorization" not in headers, how
         callback = call["body"]
         assert callback["status"] == "ERROR", (how, callback)
-        assert "record cannot be read" in callback["error_message"], how
         assert WHY[how] in callback["error_message"], (how, callback)
+        unreadable = how != "worker faults on it"
+        assert unreadable == ("record cannot be read" in callback["error_message"]), how
         record = handle.record(rollout_id)
         assert (record["status"], record["delivery"]) == ("failure", "delivered"), (how, record)
         assert record["terminations"] == "1"
