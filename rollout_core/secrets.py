@@ -7,34 +7,62 @@ configured key the fleet generates one and keeps it in Redis beside the data, wh
 secrets out of dumps and greps but is obfuscation, not protection: set the variable in
 production. Keys rotate without losing queued rollouts: ``NEW,OLD`` seals with ``NEW`` and
 still opens what ``OLD`` sealed (:class:`~cryptography.fernet.MultiFernet`).
+
+Gateways and workers must share the key, so gateways seal a known value, the *key canary*,
+under ``<prefix>:key-canary`` as they start (the first worker does if no gateway did), and a
+worker that cannot open it refuses to start, saying so: otherwise each rollout it took would
+fail with an unreadable record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from rollout_core.durability import StartRefused
 from rollout_core.settings import FleetSettings
-from rollout_core.store import RecordStore
+from rollout_core.store import RecordStore, StoreFull
 
 logger = logging.getLogger(__name__)
 
 REDACTED = "***"
+CANARY = "rollout-fleet key canary"  # the known value the key canary seals
+KEYS_DIFFER = (
+    "refusing to start: this worker's ROLLOUT_FLEET_SECRET_KEY does not open what the fleet's "
+    "gateways seal (the key canary {key}), so it could run none of their rollouts: set the "
+    "same ROLLOUT_FLEET_SECRET_KEY on gateways and workers (while rotating, NEW,OLD on both)"
+)
 
 
 class SecretUnreadable(ValueError):
     """A sealed secret none of this process's keys opens."""
 
 
+class KeysDiffer(StartRefused):
+    """This worker cannot open the key canary the fleet's gateways sealed."""
+
+
 class SecretBox:
     def __init__(self, keys: str | bytes) -> None:
         """``keys``: one Fernet key, or several comma-separated (the first one seals)."""
         text = keys.decode("ascii") if isinstance(keys, bytes) else keys
-        self._fernet = MultiFernet([Fernet(key.strip()) for key in text.split(",") if key.strip()])
+        fernets = [Fernet(key.strip()) for key in text.split(",") if key.strip()]
+        self._sealer = fernets[0]
+        self._fernet = MultiFernet(fernets)
 
     def seal(self, secret: str) -> str:
         return self._fernet.encrypt(secret.encode()).decode("ascii")
+
+    def opens_canary(self, sealed: str, *, sealer_only: bool = False) -> bool:
+        """Whether ``sealed`` is the key canary under one of this box's keys (``sealer_only``:
+        under the key it seals with)."""
+        fernet = self._sealer if sealer_only else self._fernet
+        try:
+            return fernet.decrypt(sealed.encode("ascii")).decode() == CANARY
+        except (InvalidToken, ValueError):
+            return False
 
     def open(self, sealed: str) -> str:
         try:
@@ -47,28 +75,64 @@ class SecretBox:
             ) from exc
 
 
-async def load_secret_box(store: RecordStore, settings: FleetSettings) -> SecretBox:
+async def load_secret_box(
+    store: RecordStore, settings: FleetSettings, *, quiet: bool = False
+) -> SecretBox:
     """The configured key, else the fleet's generated one (created by whoever asks first).
     A fleet that ran on a generated key and is then given its own (as the warning asks) still
     opens what the generated key sealed: it is always tried after the configured ones, so
-    the rollouts queued before the change run."""
+    the rollouts queued before the change run. ``quiet``: logs nothing (a check before the
+    process starts, which logs it then)."""
     if settings.secret_key is not None:
         configured = settings.secret_key.get_secret_value()
         generated = await store.generated_secret_key()
         if generated is None:
             return SecretBox(configured)
-        logger.info(
-            "the key this fleet generated before ROLLOUT_FLEET_SECRET_KEY was set still opens "
-            "what it sealed (it never seals again)"
-        )
+        if not quiet:
+            logger.info(
+                "the key this fleet generated before ROLLOUT_FLEET_SECRET_KEY was set still "
+                "opens what it sealed (it never seals again)"
+            )
         return SecretBox(f"{configured},{generated}")
     stored = await store.fleet_secret_key(Fernet.generate_key().decode("ascii"))
+    if quiet:
+        return SecretBox(stored)
     logger.warning(
         "ROLLOUT_FLEET_SECRET_KEY is not set: trainer API keys are sealed with a key kept in "
         "Redis (obfuscation only). Set it to a Fernet key for real protection; rollouts "
         "already sealed with the generated key stay readable."
     )
     return SecretBox(stored)
+
+
+async def keep_key_canary(store: RecordStore, box: SecretBox) -> None:
+    """A gateway starting: make the key canary one this gateway sealed with its sealing key,
+    unless it already is. A canary it cannot open at all is replaced (logged): what gateways
+    seal is what workers must open."""
+    sealed = await store.read_key_canary()
+    if sealed is not None and box.opens_canary(sealed, sealer_only=True):
+        return
+    if sealed is not None and not box.opens_canary(sealed):
+        logger.warning(
+            "the key canary %s was sealed with a ROLLOUT_FLEET_SECRET_KEY this gateway does "
+            "not have: replaced with this gateway's; workers without its key refuse to start",
+            store.keys.key_canary,
+        )
+    try:
+        await store.write_key_canary(box.seal(CANARY), replace=True)
+    except StoreFull:  # a full Redis refuses admissions anyway; the next start writes it
+        logger.warning("the key canary could not be written: Redis is full (maxmemory)")
+
+
+async def check_key_canary(store: RecordStore, box: SecretBox) -> None:
+    """A worker starting: raise :class:`KeysDiffer` unless it opens the key canary (sealed
+    first by this worker if no gateway has yet; none at all, on a full Redis: nothing to
+    compare with)."""
+    with contextlib.suppress(StoreFull):
+        await store.write_key_canary(box.seal(CANARY), replace=False)
+    sealed = await store.read_key_canary()
+    if sealed is not None and not box.opens_canary(sealed):
+        raise KeysDiffer(KEYS_DIFFER.format(key=store.keys.key_canary))
 
 
 def redact(text: str, *secrets: str | None) -> str:
@@ -79,4 +143,14 @@ def redact(text: str, *secrets: str | None) -> str:
     return text
 
 
-__all__ = ["REDACTED", "SecretBox", "SecretUnreadable", "load_secret_box", "redact"]
+__all__ = [
+    "CANARY",
+    "REDACTED",
+    "KeysDiffer",
+    "SecretBox",
+    "SecretUnreadable",
+    "check_key_canary",
+    "keep_key_canary",
+    "load_secret_box",
+    "redact",
+]

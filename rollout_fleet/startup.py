@@ -111,6 +111,7 @@ def refuse_unsafe_redis(settings: FleetSettings, *, admits: bool, must_answer: b
     import asyncio
 
     from rollout_core.durability import StartRefused, start_checks
+    from rollout_core.secrets import check_key_canary, load_secret_box
     from rollout_core.store import RecordStore, answers
     from rollout_fleet.target import FleetTarget, unreadable, url_source
 
@@ -130,6 +131,8 @@ def refuse_unsafe_redis(settings: FleetSettings, *, admits: bool, must_answer: b
         store = RecordStore.connect(settings, max_connections=2)
         try:
             await start_checks(store, settings, admits=admits)
+            if not admits:  # a worker: it must open what the gateways seal
+                await check_key_canary(store, await load_secret_box(store, settings, quiet=True))
         finally:
             await store.aclose()
 

@@ -23,7 +23,7 @@ from rollout_core import tracing
 from rollout_core.durability import RedisWatch, StartRefused, start_checks
 from rollout_core.polling_clock import PollingClock
 from rollout_core.queue import celery_app
-from rollout_core.secrets import load_secret_box
+from rollout_core.secrets import keep_key_canary, load_secret_box
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore, StoreFull, StoreReplyError, StoreUnavailable
 from rollout_gateway import lookup, metrics, ready
@@ -139,12 +139,14 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
         store = RecordStore.connect(settings)
         await start_checks(store, settings, admits=True)
         tools = ToolsRunner(settings.get_tools_threads, settings.get_tools_timeout_seconds)
+        box = await load_secret_box(store, settings)
+        await keep_key_canary(store, box)
         gateway = Gateway(
             settings=settings,
             celery=celery_app.app,
             agent=agent,
             store=store,
-            box=await load_secret_box(store, settings),
+            box=box,
             tools=tools,
             watch=RedisWatch(store, settings),
         )

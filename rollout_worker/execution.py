@@ -118,6 +118,12 @@ class Lease:
         self._settings = settings
         self.confirmed_until = confirmed_until  # monotonic seconds
         self.lost = False  # set once any renewal found it held by another execution
+        self.posted = False  # a v1 callback attempt of this execution reached the wire
+
+    @property
+    def seconds(self) -> float:
+        """The lease's length (``ROLLOUT_FLEET_LEASE_SECONDS``)."""
+        return self._settings.lease_seconds
 
     def renewed(self, asked_at: float) -> None:
         """A renewal sent at ``asked_at`` (monotonic) found the lease still held."""
@@ -187,8 +193,9 @@ class Carrier(Interface):
         ...
 
     async def fail(self, claim: Claim, message: str, lease: Lease) -> Status | None:
-        """Fail a rollout whose record cannot be read (:class:`UnreadableRecord`): no request
-        to run, and no key to tell the trainer with; the record says why."""
+        """End a rollout this worker cannot carry (its record cannot be read:
+        :class:`UnreadableRecord`; or the worker faulted on it) once, saying why: the record
+        says it, and a v1 trainer hears it in an ERROR callback sent without a key."""
         ...
 
 

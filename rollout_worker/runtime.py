@@ -32,7 +32,7 @@ from rollout_core.durability import RedisWatch, start_checks
 from rollout_core.polling_clock import PollingClock
 from rollout_core.protocols import cancelled_result
 from rollout_core.queue.envelope import task_message
-from rollout_core.secrets import SecretBox, load_secret_box
+from rollout_core.secrets import SecretBox, check_key_canary, load_secret_box
 from rollout_core.settings import FleetSettings
 from rollout_core.store import Protocol, RecordKey, RecordStore, StoreError, WorkerBeat
 from rollout_sdk.client import HttpClientShards, observe_traingate_calls
@@ -146,6 +146,7 @@ class _OnLoop:
         store = RecordStore.connect(settings)
         await start_checks(store, settings, admits=False)
         box = await load_secret_box(store, settings)
+        await check_key_canary(store, box)
         http = HttpClientShards(concurrency, get_settings())
         # Upstream's OTLP ownership logs (OSMOSIS_ROLLOUT_OTLP_ENDPOINT), owned by this worker.
         ownership = OwnershipLog(owner_from_env(default_server_id=worker))

@@ -2,11 +2,12 @@
 
 * A rollout whose worker lease lapsed (its worker died) goes back to the front of the queue;
   with the default 15 s lease and 5 s sweep it runs again elsewhere within about 20 s, long
-  before the broker's visibility timeout would redeliver it. Not in the first lease after a
-  Redis restart, nor in the two after this worker itself could not reach Redis (a stopped or
-  partitioned Redis, an AOF load, a failover): leases lapsed then because nobody could renew
-  them, and their live holders get that long to renew before anyone takes over (a takeover
-  of a rollout delivering its v1 callback would post that callback twice).
+  before the broker's visibility timeout would redeliver it. Not within two leases after a
+  Redis restart, after this worker itself could not reach Redis (a stopped or partitioned
+  Redis, an AOF load, a failover), nor after this worker started (it may have started during
+  or right after an outage it never saw): leases lapsed then because nobody could renew them,
+  and their live holders get that long to renew before anyone takes over (a takeover of a
+  rollout delivering its v1 callback would post that callback twice).
 * A rollout waiting for a worker whose message vanished gets a new one. A worker's intake
   takes a message off the queue and claims its rollout in the next step
   (``rollout_worker/intake.py``), so this is how a rollout comes back whose worker died in
@@ -55,8 +56,11 @@ class Sweeper:
         store: RecordStore,
         requeue_message: Callable[[RecordKey], str],
         settings: FleetSettings,
+        started: float | None = None,
     ) -> None:
+        """``started``: when this worker started (monotonic; default now)."""
         self._store = store
+        self._started = time.monotonic() if started is None else started
         self._requeue_message = requeue_message
         self._inflight_ttl = settings.inflight_ttl_seconds
         self._retention = settings.result_retention_seconds
@@ -109,13 +113,18 @@ class Sweeper:
         return restored
 
     async def _redis_was_away(self) -> bool:
-        """Whether Redis was out of reach lately: it restarted within a lease (its uptime), or
-        this worker could not reach it within two (stopped, loading its AOF, failing over, cut
-        off: its uptime says nothing then, every holder lost its lease the same way, and a
-        holder may still be in its retry backoff when this sweeper gets through)."""
-        if self._store.seconds_since_trouble() < 2 * self._lease_seconds:
+        """Whether Redis may have been out of reach lately, as far as this worker can know:
+        within the last two leases it restarted (its uptime), this worker could not reach it
+        (stopped, loading its AOF, failing over, cut off: its uptime says nothing then, every
+        holder lost its lease the same way, and a holder may still be in its retry backoff
+        when this sweeper gets through), or this worker started (it cannot tell an outage
+        that ended just before it)."""
+        hold_off = 2 * self._lease_seconds
+        if time.monotonic() - self._started < hold_off:
             return True
-        return await self._store.redis_uptime() < self._lease_seconds
+        if self._store.seconds_since_trouble() < hold_off:
+            return True
+        return await self._store.redis_uptime() < hold_off
 
     async def _resend_lost(self) -> int:
         if not await self._store.take_turn("lost-messages", self._lost_check_every):

@@ -10,7 +10,12 @@ reading it); before that, a lost lease stops it. Every callback of one admission
 same ``Idempotency-Key`` (its admission token) so a receiver can drop a repeat, and a new
 admission of the same id gets a new one. A repeat happens only when a worker dies between a
 POST and the write that records its answer, or when the trainer does not answer an attempt
-in time and the SDK retries it (docs/RELIABILITY.md).
+in time and the SDK retries it (docs/RELIABILITY.md): the write that records an answer is
+retried through any Redis outage, the execution holding its lease meanwhile.
+
+A rollout the worker cannot carry (its record cannot be read: the API key does not open, the
+request does not parse; or the worker faulted on it) still ends with one ERROR callback
+saying why, sent without ``Authorization`` (the key is what may not be readable).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import time
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from rollout_core.protocols.v1 import PROTOCOL, request_from_record
 from rollout_core.secrets import SecretBox, redact
@@ -53,6 +61,11 @@ logger = logging.getLogger(__name__)
 
 AGENT_ERROR = "agent_error"  # v1 results carry no error category; a failed one is the agent's
 NOT_DELIVERED = "not delivered: "
+# Recording a trainer's answer is retried through a Redis outage: first after this pause,
+# doubling up to a third of the lease (the heartbeat's period).
+ANSWER_RETRY_SECONDS = 0.25
+# A request whose JSON no longer parses at all may still name its callback URL.
+_SERVER_URL = re.compile(r'"server_url"\s*:\s*"([^"\\]+)"')
 
 
 class _LeaseLost(Exception):
@@ -87,6 +100,40 @@ def terminal_status(response: RolloutResponse) -> Status:
     return Status.SUCCESS if response.status is RolloutStatus.COMPLETED else Status.FAILURE
 
 
+@dataclass(frozen=True)
+class _Callback:
+    """Where a rollout's completion callback goes, and the key it carries (``None``: sent
+    without ``Authorization``)."""
+
+    server_url: str
+    rollout_id: str
+    api_key: str | None
+
+    @classmethod
+    def of(cls, request: RolloutRequest) -> _Callback:
+        return cls(request.server_url, request.rollout_id, request.api_key)
+
+
+def unreadable_callback_url(record: RolloutRecord) -> str | None:
+    """The callback URL of a record whose request cannot be read whole: the ``server_url``
+    its stored JSON still names, if it is an http(s) URL with a host; else ``None``."""
+    text = record.request or ""
+    try:
+        stored = json.loads(text)
+    except ValueError:  # mangled or cut short: the field may still be there
+        found = _SERVER_URL.search(text)
+        url: object = found.group(1) if found else None
+    else:
+        url = stored.get("server_url") if isinstance(stored, dict) else None
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return url if parts.scheme in ("http", "https") and parts.hostname else None
+
+
 class V1Carrier:
     """Runs v1 agent loops and delivers their completion callbacks."""
 
@@ -110,22 +157,23 @@ class V1Carrier:
         self._sdk_settings = sdk_settings
         self._debug_dir = debug_dir
 
-    def _client(self, request: RolloutRequest) -> OsmosisLLMClient:
+    def _client(self, to: _Callback) -> OsmosisLLMClient:
         return OsmosisLLMClient(
-            request.server_url,
-            request.rollout_id,
-            request.api_key,
+            to.server_url,
+            to.rollout_id,
+            to.api_key,
             settings=self._sdk_settings,
-            http_client=self._http.for_rollout(request.rollout_id),
+            http_client=self._http.for_rollout(to.rollout_id),
         )
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
+        to = _Callback.of(request)
         if claim.verdict is Verdict.DELIVERING:  # a worker died delivering it: deliver again
             stored = RolloutResponse.model_validate_json(claim.record.result or "")
-            return await self._deliver_stored(claim, lease, request, stored)
+            return await self._deliver_stored(claim, lease, to, stored)
         response, turns = await self._run(claim, request)
-        return await self._deliver(claim, lease, request, response, turns)
+        return await self._deliver(claim, lease, to, response, turns)
 
     async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
@@ -134,7 +182,7 @@ class V1Carrier:
         if claim.record.status is Status.DELIVERING:  # exhausted delivering: ends undelivered
             return await self._give_up_delivery(claim, lease)
         response = error_response(request.rollout_id, refusal.message)
-        return await self._deliver(claim, lease, request, response)
+        return await self._deliver(claim, lease, _Callback.of(request), response)
 
     async def _give_up_delivery(self, claim: Claim, lease: Lease) -> Status | None:
         """Every worker that took this stored result to deliver stopped before it recorded the
@@ -151,10 +199,39 @@ class V1Carrier:
         return None if advanced is Advance.LOST else status
 
     async def fail(self, claim: Claim, message: str, lease: Lease) -> Status | None:
-        response = error_response(claim.record.rollout_id, message)
-        fields = {RecordField.DELIVERY: NOT_DELIVERED + message}
-        advanced = await lease.advance(Status.FAILURE, result=response.wire_json(), fields=fields)
-        return None if advanced is Advance.LOST else Status.FAILURE
+        """End a rollout this worker cannot carry with one ERROR callback saying why, sent
+        without ``Authorization`` (its key may be what cannot be read). A stored result is
+        posted instead, as a takeover would; a callback this execution already put on the
+        wire is never posted again."""
+        rollout_id = claim.record.rollout_id
+        if lease.posted:  # the fault came after its callback went out
+            return await self._end_after_fault(lease, message)
+        if claim.record.status is Status.DELIVERING and claim.verdict is not Verdict.DELIVERING:
+            return await self._give_up_delivery(claim, lease)  # its takeovers are spent
+        url = unreadable_callback_url(claim.record)
+        response = error_response(rollout_id, message)
+        if url is None:
+            delivery = f"{NOT_DELIVERED}the record names no callback URL that can be read"
+            fields = {RecordField.DELIVERY: delivery}
+            advanced = await lease.advance(
+                Status.FAILURE, result=response.wire_json(), fields=fields
+            )
+            return None if advanced is Advance.LOST else Status.FAILURE
+        to = _Callback(url, rollout_id, None)
+        if claim.verdict is Verdict.DELIVERING:
+            stored = _stored_response(claim.record)
+            if stored is not None:
+                return await self._deliver_stored(claim, lease, to, stored)
+        return await self._deliver(claim, lease, to, response)
+
+    async def _end_after_fault(self, lease: Lease, message: str) -> Status | None:
+        """The worker faulted after this execution's callback went out: the rollout ends with
+        the stored result's status, not posted again."""
+        stored = _stored_response(await lease.store.load(lease.key, RecordField.RESULT))
+        status = Status.FAILURE if stored is None else terminal_status(stored)
+        delivery = f"failed: {message}, after its callback went out (the trainer may have it)"
+        advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
+        return None if advanced is Advance.LOST else status
 
     async def _run(
         self, claim: Claim, request: RolloutRequest
@@ -163,7 +240,7 @@ class V1Carrier:
         calls returned besides the message."""
         assert self._agent_loop is not None, "a v1 rollout reached a worker without a v1 agent"
         tools: list[Any] = json.loads(claim.record.response or "{}")["tools"]
-        client = self._client(request)
+        client = self._client(_Callback.of(request))
         ctx = RolloutContext(
             request,
             tools,
@@ -188,14 +265,14 @@ class V1Carrier:
         self,
         claim: Claim,
         lease: Lease,
-        request: RolloutRequest,
+        to: _Callback,
         response: RolloutResponse,
         turns: list[Turn] | None = None,
     ) -> Status | None:
         """Store the completion body, then post it. If the rollout's cancellation was requested
         meanwhile, the cancelled response is stored and posted instead (never a success)."""
         fields = {RecordField.TURNS: json.dumps(turns or [])}
-        cancelled = error_response(request.rollout_id, CANCELLED)
+        cancelled = error_response(to.rollout_id, CANCELLED)
         advanced = await lease.advance(
             Status.DELIVERING,
             result=response.wire_json(),
@@ -206,15 +283,15 @@ class V1Carrier:
             return None
         if advanced is Advance.CANCELLED:
             response = cancelled
-        return await self._deliver_stored(claim, lease, request, response)
+        return await self._deliver_stored(claim, lease, to, response)
 
     async def _deliver_stored(
-        self, claim: Claim, lease: Lease, request: RolloutRequest, response: RolloutResponse
+        self, claim: Claim, lease: Lease, to: _Callback, response: RolloutResponse
     ) -> Status | None:
         """Post and record the outcome. An operator's cancel never cuts it (the result is
         stored and final); a lost lease stops it only while no attempt is on the wire."""
         wire = _Wire(lease, idempotency_key(claim.record))
-        delivery = asyncio.ensure_future(self._post_and_record(lease, request, response, wire))
+        delivery = asyncio.ensure_future(self._post_and_record(lease, to, response, wire))
         task = asyncio.current_task()
         while True:
             try:
@@ -225,25 +302,25 @@ class V1Carrier:
                 if lease.lost and not wire.sent:
                     delivery.cancel()
                     logger.info(
-                        "rollout %s: lease lost before its callback went out", request.rollout_id
+                        "rollout %s: lease lost before its callback went out", to.rollout_id
                     )
                     raise
                 if task is not None:
                     task.uncancel()  # seen through first; the outcome says what happened
-                logger.info("rollout %s: cancel waits for its delivery", request.rollout_id)
+                logger.info("rollout %s: cancel waits for its delivery", to.rollout_id)
 
     async def _post_and_record(
-        self, lease: Lease, request: RolloutRequest, response: RolloutResponse, wire: _Wire
+        self, lease: Lease, to: _Callback, response: RolloutResponse, wire: _Wire
     ) -> Status | None:
         try:
-            delivery = await self._post(request, response, wire)
+            delivery = await self._post(to, response, wire)
         except _LeaseLost:
             logger.warning(
-                "rollout %s: lease lost; its callback was not posted here", request.rollout_id
+                "rollout %s: lease lost; its callback was not posted here", to.rollout_id
             )
             return None
         status = terminal_status(response)
-        advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
+        advanced = await self._record_answer(lease, status, delivery, to.rollout_id)
         if advanced is Advance.LOST:
             return None
         metrics.rollout_finished(
@@ -251,17 +328,47 @@ class V1Carrier:
         )
         return status
 
-    async def _post(self, request: RolloutRequest, response: RolloutResponse, wire: _Wire) -> str:
+    @staticmethod
+    async def _record_answer(
+        lease: Lease, status: Status, delivery: str, rollout_id: str
+    ) -> Advance:
+        """Record how the callback went, retrying through any Redis outage (from
+        ``ANSWER_RETRY_SECONDS``, doubling up to a third of the lease): the execution stays
+        registered meanwhile, so the heartbeat renews its lease as soon as Redis answers, and
+        no sweeper hands the stored result to another worker to post again."""
+        pause, tries = ANSWER_RETRY_SECONDS, 0
+        while True:
+            try:
+                advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
+            except StoreError as exc:
+                if tries == 0:
+                    logger.warning(
+                        "rollout %s: the trainer answered, but Redis does not take the answer "
+                        "(%s); retrying until it does",
+                        rollout_id,
+                        type(exc).__name__,
+                    )
+                tries += 1
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, lease.seconds / 3)
+                continue
+            if tries:
+                logger.warning(
+                    "rollout %s: the trainer's answer recorded after %d retries", rollout_id, tries
+                )
+            return advanced
+
+    async def _post(self, to: _Callback, response: RolloutResponse, wire: _Wire) -> str:
         try:
-            await self._client(request).post_completion(
+            await self._client(to).post_completion(
                 response, idempotency_key=wire.idempotency_key, before_send=wire.before_send
             )
         except (_LeaseLost, StoreError):
             raise  # not the callback's failure: Redis could not confirm the lease (it passes)
         except Exception as exc:  # every failure counts once: the rollout ends, saying why
-            reason = redact(str(exc), request.api_key)
+            reason = redact(str(exc), to.api_key)
             logger.warning(
-                "rollout %s: completion callback not delivered: %s", request.rollout_id, reason
+                "rollout %s: completion callback not delivered: %s", to.rollout_id, reason
             )
             metrics.CALLBACKS.labels("failed").inc()
             return delivery_failure(exc)
@@ -282,6 +389,17 @@ class _Wire:
         if not await self._lease.confirm():
             raise _LeaseLost
         self.sent = True
+        self._lease.posted = True
 
 
-__all__ = ["V1Carrier", "delivery_failure", "idempotency_key"]
+def _stored_response(record: RolloutRecord) -> RolloutResponse | None:
+    """A record's stored completion body, if it has one that parses."""
+    if not record.result:
+        return None
+    try:
+        return RolloutResponse.model_validate_json(record.result)
+    except ValueError:
+        return None
+
+
+__all__ = ["V1Carrier", "delivery_failure", "idempotency_key", "unreadable_callback_url"]

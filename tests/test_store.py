@@ -507,26 +507,54 @@ async def test_the_sweeper_resends_a_lost_message_after_two_checks(
     assert await redis.lrange("q", 0, -1) == [f"AGAIN {key}"]
 
 
-async def test_lapsed_leases_wait_one_lease_after_a_redis_restart() -> None:
-    """A Redis restart lapses every lease (nobody could renew): a sweep in the first lease
-    after it leaves them to their holders; later sweeps requeue the ones still lapsed."""
+async def test_lapsed_leases_wait_two_leases_after_a_redis_restart() -> None:
+    """A Redis restart lapses every lease (nobody could renew): a sweep in the first two
+    leases after it leaves them to their holders; later sweeps requeue the ones still lapsed."""
     server = RedisServer().start()  # uptime 0, like a Redis that just came back
-    store = RecordStore.connect(fleet(server.url, lease_seconds=2))
+    settings = fleet(server.url, lease_seconds=1)
+    store = RecordStore.connect(settings)
     try:
-        sweeper = Sweeper(store, lambda key: f"AGAIN {key}", fleet(server.url, lease_seconds=2))
+        long_ago = time.monotonic() - 60  # the sweeper's own start-up hold-off is long over
+        sweeper = Sweeper(store, lambda key: f"AGAIN {key}", settings, started=long_ago)
         key = await admitted(store)
         await store.claim(key, "execution", "worker", LEASE, 5)
         await asyncio.sleep(LEASE + 0.05)
         assert await store.lapsed_leases(10) == [key]
         assert await sweeper.sweep() == 0
         assert (await store.load(key)).status is Status.RUNNING
-        await asyncio.sleep(2.2 - await store.redis_uptime())  # uptime counts whole seconds
+        await asyncio.sleep(1.2 - await store.redis_uptime())  # uptime counts whole seconds
+        if await store.redis_uptime() < 2:
+            assert await sweeper.sweep() == 0  # a lease after the restart is not enough
+        await asyncio.sleep(2.2 - await store.redis_uptime())
         assert await store.redis_uptime() >= 2
         assert await sweeper.sweep() == 1
         assert (await store.load(key)).status is Status.QUEUED
     finally:
         await store.aclose()
         server.stop()
+
+
+async def test_a_sweeper_leaves_lapsed_leases_alone_for_two_leases_after_it_starts(
+    store: RecordStore,
+) -> None:
+    """A worker that starts during or right after a Redis outage it never saw (no failure of
+    its own, Redis not restarted) must not take over rollouts whose live holders could not
+    renew yet: its sweeper waits two leases from its start."""
+    settings = fleet("redis://unused", lease_seconds=1)
+    key = await admitted(store)
+    await store.claim(key, "execution", "worker", LEASE, 5)
+    await asyncio.sleep(LEASE + 0.05)
+    assert await store.lapsed_leases(10) == [key]
+    await asyncio.sleep(max(0.0, 2.1 - await store.redis_uptime()))  # no restart to excuse it
+    started = time.monotonic()
+    sweeper = Sweeper(store, lambda key: f"AGAIN {key}", settings)
+    while time.monotonic() - started < 1.8:
+        assert await sweeper.sweep() == 0
+        await asyncio.sleep(0.2)
+    assert (await store.load(key)).status is Status.RUNNING
+    await asyncio.sleep(2.1 - (time.monotonic() - started))
+    assert await sweeper.sweep() == 1
+    assert (await store.load(key)).status is Status.QUEUED
 
 
 # --- issue 14's findings, at the level of the scripts ------------------------------------------

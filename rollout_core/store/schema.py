@@ -18,7 +18,8 @@ rollout id, or the v1 idempotency key). Sorted sets index the records:
 * ``v2-ids``       v2 record ids, for cancel by prefix;
 * ``workers``      worker → heartbeat expiry (s); each worker's beat is ``worker:<name>``;
 * ``turn:<chore>``  held by the one worker doing a fleet-wide chore this period;
-* ``lost-suspects`` rollouts the last check found waiting without a message.
+* ``lost-suspects`` rollouts the last check found waiting without a message;
+* ``key-canary``   a known value sealed with the gateways' secret key (workers check it).
 
 A v1 rollout admitted with an idempotency key other than its rollout id also has an alias,
 ``<prefix>:v1-id:<rollout id>`` → its record key (the newest such admission's), so it is found
@@ -308,6 +309,12 @@ class Keys:
     @property
     def fleet_key(self) -> str:
         return self._named("fleet-key")
+
+    @property
+    def key_canary(self) -> str:
+        """A known value sealed with the gateways' secret key: a worker that cannot open it
+        refuses to start (``rollout_core/secrets.py``)."""
+        return self._named("key-canary")
 
     @property
     def fleet_queue(self) -> str:

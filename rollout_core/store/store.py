@@ -644,6 +644,14 @@ class RecordStore:
             raise RuntimeError(f"the fleet key {self.keys.fleet_key} vanished from Redis")
         return stored
 
+    async def read_key_canary(self) -> str | None:
+        """The sealed key canary (``Keys.key_canary``), if any process wrote one."""
+        return cast(str | None, await self._redis.get(self.keys.key_canary))
+
+    async def write_key_canary(self, sealed: str, *, replace: bool) -> None:
+        """Store the sealed key canary; unless ``replace``, only if none is stored."""
+        await self._redis.set(self.keys.key_canary, sealed, nx=not replace)
+
     # --- read-only views (status, ls, export) -------------------------------------------
 
     async def find(

@@ -3,14 +3,20 @@ real one while things break, and the audit that checks our promise — every adm
 ends with exactly one result.
 
 A scenario: start a :class:`ChaosFleet`, start a :class:`Trainer` offering rollouts, break
-something while they run, then :func:`audit`, which waits for the trainer and checks:
+something while they run, then :func:`audit`. It waits for the trainer, for every record to
+end, and then long enough for anything late to show (:func:`settle_seconds`: a lease lapsing
+unseen, a sweep taking the rollout over, a callback going out again and the client timeout
+of its POST), and checks (:func:`judge` says what it found, :func:`audit` asserts it):
 
 * v1: each admitted rollout got exactly one completion callback — or a byte-identical repeat
   excused by a ``kill -9`` in the first window RELIABILITY.md names: the rollout was held by
   the killed worker and its first callback had arrived before the kill (the worker posted, the
   trainer answered, the worker died before recording the answer);
+* v1: every callback says what its record says in the end: the stored result, byte for byte,
+  and COMPLETED only for a ``success``;
 * v2: each admitted rollout's polls ended in a terminal result (a rollout whose 202 was lost
-  with a dying gateway ends by itself, as ``lease_expired``);
+  with a dying gateway ends by itself, as ``lease_expired``), the record's final status and
+  result;
 * every record became terminal exactly once (its ``terminations`` count, kept by Redis);
 * nothing is left queued, running or leased, and every record has a TTL.
 """
@@ -18,6 +24,7 @@ something while they run, then :func:`audit`, which waits for the trainer and ch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import threading
@@ -32,6 +39,7 @@ import redis
 
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
+from rollout_sdk.core.schemas import RolloutResponse
 from tests.harness import REPO, MockTrainGateClient, new_id, v1_body, v2_body
 
 Protocol = Literal["v1", "v2"]
@@ -320,10 +328,22 @@ class Outcome:
     completed: int  # terminal success
     failed: int  # terminal failure/cancelled (a clear error state, not lost)
     duplicates: int  # records made terminal more than once, or callbacks beyond the first
+    contradictions: int  # rollouts whose callback or terminal poll the final record belies
     excused: int  # repeated v1 callbacks a kill in the first window explains (see module)
     lost: int  # admitted but never terminal
     reruns: int  # rollouts a worker started again after another's execution was lost
     statuses: dict[str, int]
+
+
+def settle_seconds(chaos: ChaosFleet) -> float:
+    """How long after every record ended the audit waits before it judges: 3 leases (a lease
+    lapsing, the sweepers' hold-off of two), a sweep, and the client timeout of a callback
+    posted again; anything late — a repeat, a record changing — has shown by then."""
+    env = {**chaos.fleet.process_env(), **chaos.fleet.env}
+    lease = float(env.get("ROLLOUT_FLEET_LEASE_SECONDS", 15))
+    sweep = float(env.get("ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS", 5))
+    client_timeout = float(env.get("OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS", 300))
+    return 3 * lease + sweep + client_timeout
 
 
 def audit(
@@ -336,46 +356,115 @@ def audit(
     """Wait for the trainer and the fleet to settle, then check the promise (see module).
     ``undeliverable``: v1 rollouts whose trainer refuses every callback (none may arrive);
     ``crashes``: the workers killed, which may excuse a v1 repeat."""
+    outcome, problems = judge(chaos, trainer, timeout, undeliverable, crashes)
+    found = (outcome.lost, outcome.duplicates, outcome.contradictions)
+    assert found == (0, 0, 0), f"{outcome}\n{problems[:20]}\n{chaos.logs()}"
+    _assert_settled(chaos, chaos.redis())
+    return outcome
+
+
+def judge(
+    chaos: ChaosFleet,
+    trainer: Trainer,
+    timeout: float = 120,
+    undeliverable: frozenset[str] | set[str] = frozenset(),
+    crashes: list[Crash] | None = None,
+) -> tuple[Outcome, list[str]]:
+    """What :func:`audit` checks, found rather than asserted: the outcome, and a line for each
+    rollout whose result was lost, repeated or contradicted."""
     trainer.join(timeout)
     store = chaos.redis()
     records = {rollout_id: chaos.record_key(rollout_id) for rollout_id in trainer.admitted}
-    statuses = _wait_terminal(chaos, store, records, timeout)
-    terminations = {r: int(store.hget(r, "terminations") or 0) for r in records.values()}
-    attempts = [int(store.hget(record, "attempt") or 0) for record in records.values()]
-    duplicates = sum(1 for count in terminations.values() if count > 1)
-    lost = sum(1 for record in records.values() if statuses[record] not in TERMINAL)
+    _wait_terminal(chaos, store, records, timeout)
+    deliverable = trainer.admitted - undeliverable
+    if chaos.protocol == "v1":
+        _wait_delivered(chaos, deliverable, timeout)
+    time.sleep(settle_seconds(chaos))
+    finals = {rollout_id: store.hgetall(record) for rollout_id, record in records.items()}
+    problems = [f"{i}: {f.get('status', 'missing')}" for i, f in finals.items() if not _ended(f)]
+    duplicates = sum(1 for fields in finals.values() if int(fields.get("terminations", 0)) > 1)
     excused = 0
     if chaos.protocol == "v1":
-        deliverable = trainer.admitted - undeliverable
-        deliveries = _wait_delivered(chaos, deliverable, timeout)
+        deliveries = chaos.trainer.deliveries()
         assert not undeliverable & deliveries.keys()
-        if any(len(deliveries[i]) > 1 for i in deliverable):
+        calls = {i: deliveries.get(i, []) for i in deliverable}
+        if any(len(delivered) > 1 for delivered in calls.values()):
             unexcused, excused = judge_repeats(
-                {i: deliveries[i] for i in deliverable},
-                _first_arrivals(chaos),
-                records,
-                crashes or [],
+                calls, _first_arrivals(chaos), records, crashes or []
             )
             duplicates += unexcused
-        completed = sum(1 for i in deliverable if deliveries[i][0]["status"] == "COMPLETED")
+            problems += [f"{i}: {len(c)} callbacks" for i, c in calls.items() if len(c) > 1]
+        contradicting = _contradicting_callbacks(calls, finals)
+        completed = sum(1 for c in calls.values() if c and c[0]["status"] == "COMPLETED")
     else:
         assert trainer.results.keys() == trainer.admitted - trainer.orphaned
-        completed = sum(1 for status in statuses.values() if status == "success")
+        contradicting = _contradicting_polls(trainer.results, finals)
+        completed = sum(1 for fields in finals.values() if fields.get("status") == "success")
     outcome = Outcome(
         offered=len(trainer.bodies),
         admitted=len(trainer.admitted),
         completed=completed,
         failed=len(trainer.admitted) - completed,
         duplicates=duplicates,
+        contradictions=len(contradicting),
         excused=excused,
-        lost=lost,
-        reruns=sum(1 for attempt in attempts if attempt > 1),
-        statuses=dict(Counter(statuses.values())),
+        lost=sum(1 for fields in finals.values() if not _ended(fields)),
+        reruns=sum(1 for fields in finals.values() if int(fields.get("attempt", 0)) > 1),
+        statuses=dict(Counter(fields.get("status", "missing") for fields in finals.values())),
     )
-    assert (outcome.lost, outcome.duplicates) == (0, 0), f"{outcome}\n{chaos.logs()}"
-    assert set(terminations.values()) == {1}
-    _assert_settled(chaos, store)
-    return outcome
+    return outcome, problems + contradicting
+
+
+def _ended(fields: dict[str, str]) -> bool:
+    return fields.get("status") in TERMINAL and fields.get("terminations") == "1"
+
+
+def _stored_result(fields: dict[str, str]) -> Any:
+    """A record's result as the trainer reads it (JSON), else its text."""
+    text = fields.get("result") or "null"
+    with contextlib.suppress(ValueError):
+        return json.loads(text)
+    return text
+
+
+def _contradicting_callbacks(
+    calls: dict[str, list[dict[str, Any]]], finals: dict[str, dict[str, str]]
+) -> list[str]:
+    """A line for each v1 rollout whose callbacks the final record belies: a body other than
+    its stored result (as the trainer reads it), or COMPLETED for a record that is not
+    ``success`` (or the other way round)."""
+    found = []
+    for rollout_id, delivered in calls.items():
+        fields = finals[rollout_id]
+        status, stored = fields.get("status"), fields.get("result") or ""
+        try:
+            result = RolloutResponse.model_validate_json(stored).model_dump(
+                mode="json", exclude_none=True
+            )
+        except ValueError:
+            result = None
+        said = [call.get("status") for call in delivered]
+        if any(call != result for call in delivered):
+            found.append(f"{rollout_id}: called back {said}, the record ({status}) stores another")
+        elif any((s == "COMPLETED") != (status == "success") for s in said):
+            found.append(f"{rollout_id}: called back {said}, the record says {status}")
+    return found
+
+
+def _contradicting_polls(
+    results: dict[str, dict[str, Any]], finals: dict[str, dict[str, str]]
+) -> list[str]:
+    """A line for each v2 rollout whose terminal poll is not its record's final status and
+    result."""
+    found = []
+    for rollout_id, polled in results.items():
+        fields = finals[rollout_id]
+        if polled.get("status") != fields.get("status") or polled != _stored_result(fields):
+            found.append(
+                f"{rollout_id}: polled {polled.get('status')}, the record says "
+                f"{fields.get('status')}: {str(fields.get('result'))[:200]}"
+            )
+    return found
 
 
 def _wait_terminal(
@@ -401,8 +490,7 @@ def _wait_delivered(
     while True:
         deliveries = chaos.trainer.deliveries()
         if admitted <= deliveries.keys():
-            time.sleep(1)  # a duplicate callback would arrive now
-            return chaos.trainer.deliveries()
+            return deliveries
         if time.monotonic() > deadline:
             missing = admitted - deliveries.keys()
             raise AssertionError(f"{len(missing)} rollouts never called back\n{chaos.logs()}")

@@ -16,6 +16,7 @@ COMMON = (
     "completed",
     "failed",
     "duplicates",
+    "contradictions",
     "lost",
     "reruns",
     "statuses",
@@ -30,8 +31,8 @@ def table() -> str:
     rows = [json.loads(path.read_text()) for path in sorted(FIGURES.glob("*.json"))]
     lines = [
         "| scenario | protocol | offered | admitted | completed | failed (clear error) "
-        "| duplicated | lost | rerun after a lost worker | scenario figures |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| duplicated | contradicted | lost | rerun after a lost worker | scenario figures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         cells = [row.get(key, "") for key in COMMON[:-1]]
