@@ -72,7 +72,7 @@ def test_our_envelope_matches_what_send_task_publishes(redis_server: RedisServer
 
 
 def test_every_message_has_a_task_id_of_its_own_and_url_safe() -> None:
-    """Finding 14: a revoked id stays revoked for hours; a later message of the same rollout
+    """A revoked id stays revoked for hours; a later message of the same rollout
     id (a re-admission) must not carry it."""
     app = Celery("ids")
     ids = {json.loads(task_message(app, "rf:v1:a/b c", "a/b c", "q"))["headers"]["id"]}

@@ -1,4 +1,4 @@
-"""``eval run`` for real (issue 15): agents answered by the mock TrainGate (a real HTTP server)
+"""``eval run`` for real: agents answered by the mock TrainGate (a real HTTP server)
 whose answers are right, scored against datasets whose ground truths are right on known rows,
 so every figure of ``metrics.json`` is known beforehand. In this process
 (``rollout-sdk eval run``) and on a fleet started for the run (``rollout-fleet eval run``:

@@ -1,4 +1,4 @@
-"""Issue acceptance: bad input gets a clear 4xx (or the spec's 5xx for a failing get_tools)
+"""Bad input gets a clear 4xx (or the spec's 5xx for a failing get_tools)
 and leaves no record behind; an unavailable store is a 503, never a 500."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue acceptance: 200 calculator rollouts through 2 worker processes — all COMPLETED with
+"""200 calculator rollouts through 2 worker processes — all COMPLETED with
 correct rewards, exactly one completion callback per rollout id, records expiring on schedule."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue acceptance: the gateway keeps no state of its own — two gateway processes behind one
+"""The gateway keeps no state of its own — two gateway processes behind one
 port behave as one, including for concurrent duplicate admissions."""
 
 from __future__ import annotations

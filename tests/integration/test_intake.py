@@ -1,4 +1,4 @@
-"""The worker takes its own messages on its event loop (``rollout_worker/intake.py``, issue 17),
+"""The worker takes its own messages on its event loop (``rollout_worker/intake.py``),
 on a real fleet: Celery's consumer takes none, a worker holds no more messages than it runs,
 a message that is not a rollout's is dropped without stopping the worker, and Flower's
 events show a queued rollout revoked before it ran as revoked; a stopping worker takes

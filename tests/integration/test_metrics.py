@@ -1,4 +1,4 @@
-"""Issue 7 acceptance: Prometheus metrics on the gateway and each worker count what happened
+"""Prometheus metrics on the gateway and each worker count what happened
 in an end-to-end run — admissions by outcome (202, 409, 429, 4xx), the fleet-wide queue depth
 and oldest age while nothing consumes, then every rollout's queue wait, duration, outcome and
 TrainGate calls on the workers that ran them (real gateway, workers, Redis, mock TrainGate,

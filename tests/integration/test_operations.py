@@ -1,4 +1,4 @@
-"""Issue 7: operating a running fleet — ``GET /v1/rollouts[/{id}]`` and ``rollout-fleet
+"""Operating a running fleet — ``GET /v1/rollouts[/{id}]`` and ``rollout-fleet
 status / ls / cancel / export`` over the records in Redis, trajectories streamed to a
 directory as rollouts finish, and JSON log lines naming their rollout (real gateway,
 workers, Redis and mock TrainGate; the v1 calculator)."""

@@ -1,4 +1,4 @@
-"""Issue acceptance (deployment): the compose healthchecks mean something. ``probe gateway``
+"""Deployment: the compose healthchecks mean something. ``probe gateway``
 passes only while the gateway's Redis answers; ``probe worker`` only while the worker is
 consuming (its liveness file goes stale when the broker goes away and is fresh again once
 it is back); a worker that stops withdraws from ``/ready`` at once."""

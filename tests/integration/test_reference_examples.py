@@ -1,4 +1,4 @@
-"""Issue acceptance: the seed documents' v1 examples run on the fleet unmodified, through the
+"""The seed documents' v1 examples run on the fleet unmodified, through the
 ``osmosis_ai`` import alias (shared/reference/000 and 001, read from there by
 tests/seed_examples.py)."""
 

@@ -1,4 +1,4 @@
-"""Issue acceptance: the code examples of the seed documents 002, 003 and 004 run on the fleet
+"""The code examples of the seed documents 002, 003 and 004 run on the fleet
 unmodified, through the ``osmosis_ai`` import alias, against the mock TrainGate. They are read
 from the shared workspace (tests/seed_examples.py): 002 and 003 lost their line breaks when the
 documents were captured, and only whitespace is restored.

@@ -1,4 +1,4 @@
-"""Flower's view of the fleet's tasks, with the task events sent in batches (issue 17).
+"""Flower's view of the fleet's tasks, with the task events sent in batches.
 
 A worker's task events (received, started, succeeded) go out every quarter second in one
 ``task-multi`` message instead of one publish each. Whatever reads them as Flower does

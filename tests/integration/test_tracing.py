@@ -1,4 +1,4 @@
-"""Issue 7 acceptance: with tracing on, one rollout yields one trace holding the gateway's
+"""With tracing on, one rollout yields one trace holding the gateway's
 admission span, the worker's execution span (``rollout.execute``) and the spans of
 its TrainGate calls. The fleet's real processes export over OTLP/HTTP to a receiver in this
 test, which keeps the spans in memory (the in-memory exporter of a multi-process fleet)."""

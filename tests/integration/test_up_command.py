@@ -1,4 +1,4 @@
-"""Issue acceptance: ``rollout-fleet up`` runs Redis, the gateway, workers and Flower with
+"""``rollout-fleet up`` runs Redis, the gateway, workers and Flower with
 one command, prints their URLs, serves rollouts, and stops everything on Ctrl-C."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 16, point 6: ``rollout-fleet up`` as an operator's supervisor drives it, on real
+"""``rollout-fleet up`` as an operator's supervisor drives it, on real
 processes: SIGTERM and SIGHUP stop the fleet as Ctrl-C does; nothing it started outlives a
 SIGKILL of it; busy ports are found before anything starts; and ``rollout-fleet status`` in
 another terminal finds the fleet ``up`` runs."""

@@ -1,4 +1,4 @@
-"""Issue acceptance and CONFORMANCE §P (the LLM side, P§2.11): the bundled Strands and OpenAI
+"""CONFORMANCE §P (the LLM side, P§2.11): the bundled Strands and OpenAI
 Agents examples on the fleet — 200 rollouts each through a trainer client, correct rewards,
 and every LLM call checked at the mock TrainGate."""
 

@@ -1,4 +1,4 @@
-"""Issue acceptance: long-polls survive a gateway's death (the poller carries on at the other
+"""Long-polls survive a gateway's death (the poller carries on at the other
 replica), and a Celery revoke — what Flower's Revoke button sends — cancels exactly that
 rollout's task, on v2 and v1 fleets, without touching the worker process or its neighbours."""
 

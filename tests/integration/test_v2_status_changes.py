@@ -1,4 +1,4 @@
-"""What a v2 rollout's status changes cost and tell (issue 17, CONFORMANCE 82 and 84).
+"""What a v2 rollout's status changes cost and tell (CONFORMANCE 82 and 84).
 
 Every change is published with the new status, so a long-poll it ends answers without reading
 the record; a grader done within ``GRADING_REPORT_DELAY_SECONDS`` is not reported as

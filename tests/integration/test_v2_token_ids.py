@@ -1,4 +1,4 @@
-"""Issue 15 item 4 acceptance: v2 rollouts on the real Strands and OpenAI Agents packages,
+"""v2 rollouts on the real Strands and OpenAI Agents packages,
 streamed and not, exported by ``rollout-fleet export`` with each LLM turn's token ids and
 logprobs equal to what the mock TrainGate sent, asked for them as vLLM is
 (``return_token_ids``, ``logprobs``), each turn named by its sample (real Redis, gateway,

@@ -1,4 +1,4 @@
-"""Issue acceptance: ``kill -9`` of one worker while 50 rollouts are in flight — every
+"""``kill -9`` of one worker while 50 rollouts are in flight — every
 rollout still completes, each delivered exactly once."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 16, point 6: a worker told to stop while Redis does not answer exits within its
+"""A worker told to stop while Redis does not answer exits within its
 grace (plus the bounded hand-back and close), and the rollout it held is not lost."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Finding 13: worker liveness and capacity use Redis's clock, not each host's. Workers run
+"""Worker liveness and capacity use Redis's clock, not each host's. Workers run
 under ``faketime`` 90 s behind or ahead of the gateway's host; before, the one behind never
 counted as live (``/ready`` saw no worker). The one ahead dropped out in time already (its
 heartbeat key's Redis TTL bounded it); that test keeps it so."""
@@ -46,7 +46,7 @@ def wait_for(condition: object, timeout: float, what: str, handle: FleetUnderTes
     raise AssertionError(f"{what} within {timeout}s\n{handle.logs()}")
 
 
-def test_f13_a_worker_behind_counts_as_live_and_runs_rollouts(
+def test_a_worker_behind_counts_as_live_and_runs_rollouts(
     start_fleet: StartFleet, tmp_path: Path
 ) -> None:
     handle = start_fleet(workers=0)
@@ -61,7 +61,7 @@ def test_f13_a_worker_behind_counts_as_live_and_runs_rollouts(
         worker.stop()
 
 
-def test_f13_a_dead_worker_ahead_does_not_linger(start_fleet: StartFleet, tmp_path: Path) -> None:
+def test_a_dead_worker_ahead_does_not_linger(start_fleet: StartFleet, tmp_path: Path) -> None:
     handle = start_fleet(workers=0)
     worker = skewed_worker(handle, f"+{SKEW}s", tmp_path)
     try:

@@ -1,4 +1,4 @@
-"""Limits (issue 14): settings at their edges (finding 12), selectors at theirs (15), and a
+"""Limits: settings at their edges, selectors at theirs, and a
 gateway whose get_tools threads hang (11), on real gateway and worker processes."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.harness import SCRIPTED_V2_AGENT, V2FleetUnderTest, new_id, script
     ],
 )
 @pytest.mark.parametrize("command", ["gateway", "worker"])
-def test_f12_a_setting_that_breaks_the_fleet_refuses_to_start(
+def test_a_setting_that_breaks_the_fleet_refuses_to_start(
     redis_server: RedisServer, command: str, setting: str, value: str, says: str
 ) -> None:
     """Before: ``result_wait_timeout`` ≥ the polling lease answered every admission 500,
@@ -57,7 +57,7 @@ def test_f12_a_setting_that_breaks_the_fleet_refuses_to_start(
     assert "planted-pw" not in output
 
 
-def test_f12_a_v1_backlog_older_than_the_inflight_ttl_is_still_run(start_fleet: StartFleet) -> None:
+def test_a_v1_backlog_older_than_the_inflight_ttl_is_still_run(start_fleet: StartFleet) -> None:
     """One slot, a 10 s rollout holding it, and a 4 s in-flight TTL: the rollout waiting
     behind it outlives its first TTL (before: it expired in the queue; nobody was told)."""
     env = {"ROLLOUT_FLEET_INFLIGHT_TTL_SECONDS": "4"}
@@ -71,7 +71,7 @@ def test_f12_a_v1_backlog_older_than_the_inflight_ttl_is_still_run(start_fleet: 
     assert [c["status"] for c in deliveries[waiting]] == ["COMPLETED"]
 
 
-def test_f15_cancel_by_prefix_reaches_ids_going_on_past_latin_1(start_fleet: StartFleet) -> None:
+def test_cancel_by_prefix_reaches_ids_going_on_past_latin_1(start_fleet: StartFleet) -> None:
     handle = start_fleet(SCRIPTED_V2_AGENT, workers=0, env=V2_ENV, handle=V2FleetUnderTest)
     assert isinstance(handle, V2FleetUnderTest)
     group = f"grp-{new_id()}-"
@@ -83,7 +83,7 @@ def test_f15_cancel_by_prefix_reaches_ids_going_on_past_latin_1(start_fleet: Sta
     assert response.json()["dispositions"] == dict.fromkeys(ids, "cancelled_queued")
 
 
-def test_f11_hung_get_tools_calls_refuse_admissions_clearly_and_unready_the_gateway(
+def test_hung_get_tools_calls_refuse_admissions_clearly_and_unready_the_gateway(
     start_fleet: StartFleet,
 ) -> None:
     """Two get_tools threads, both held by calls that hang 12 s: the next admission gets 503
@@ -112,7 +112,7 @@ def test_f11_hung_get_tools_calls_refuse_admissions_clearly_and_unready_the_gate
 def test_a_burst_of_admissions_waits_for_get_tools_threads_instead_of_503(
     start_fleet: StartFleet,
 ) -> None:
-    """Issue 17's benchmark found it: every get_tools call in flight counted as holding a
+    """A benchmark found it: every get_tools call in flight counted as holding a
     thread, so 256 v1 admissions at once on 16 threads answered 503 to 288 of them. Two
     threads, 20 admissions at once whose get_tools takes 0.3 s (well inside its timeout):
     all admitted, all delivered; ``/ready`` stays ready."""

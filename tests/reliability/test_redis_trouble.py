@@ -1,10 +1,10 @@
-"""Redis trouble (issue 14).
+"""Redis trouble.
 
-Finding 17: against a Redis that stopped answering (blackholed: SIGSTOP, a dead host, a
+Against a Redis that stopped answering (blackholed: SIGSTOP, a dead host, a
 partition) one call gives up within the store's retry budget (about 10 s) and the gateway
 answers 503, instead of hanging (before: about 56 s, or for ever on an open connection).
-Finding 6: fleets sharing a Redis database keep to their own messages.
-Finding 4: after Redis was away (stopped, a long AOF load, a partition), sweepers leave lapsed
+Fleets sharing a Redis database keep to their own messages.
+After Redis was away (stopped, a long AOF load, a partition), sweepers leave lapsed
 leases to their live holders.
 And a Redis restarted without persistence under a running fleet is noticed.
 """
@@ -57,7 +57,7 @@ def own_fleet(tmp_path: Path) -> Iterator[tuple[LocalFleet, RedisServer]]:
     server.stop()
 
 
-def test_f17_a_blackholed_redis_gets_a_503_not_a_hang(
+def test_a_blackholed_redis_gets_a_503_not_a_hang(
     own_fleet: tuple[LocalFleet, RedisServer],
 ) -> None:
     fleet, server = own_fleet
@@ -80,7 +80,7 @@ def test_f17_a_blackholed_redis_gets_a_503_not_a_hang(
     assert again.status_code == 202, again.text
 
 
-def test_f06_a_sweeper_leaves_another_fleets_taken_messages_alone(
+def test_a_sweeper_leaves_another_fleets_taken_messages_alone(
     start_fleet: StartFleet,
 ) -> None:
     """Two fleets on one Redis database, with their own prefixes and queues, share kombu's
@@ -159,7 +159,7 @@ def callbacks(trainer: MockTrainGateClient, records: list[str]) -> list[int]:
     return [len(deliveries.get(r.rsplit(":", 1)[1], [])) for r in records]
 
 
-def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_rollouts(
+def test_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_rollouts(
     tmp_path: Path,
 ) -> None:
     """Redis stops answering for two leases without restarting (a partition, a long AOF load,
@@ -184,10 +184,10 @@ def test_f04_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_ro
         server.stop()
 
 
-def test_f04_a_redis_restart_whose_aof_load_outlasts_a_lease_reruns_nothing(
+def test_a_redis_restart_whose_aof_load_outlasts_a_lease_reruns_nothing(
     tmp_path: Path,
 ) -> None:
-    """The finding as reported: Redis restarts and loads its AOF for longer than a lease, so
+    """As first seen: Redis restarts and loads its AOF for longer than a lease, so
     its uptime is past the lease when it answers again; sweepers took that for "no restart"
     and requeued live rollouts, which ran twice. Here the workers saw Redis loading, so they
     leave the leases to their holders."""
@@ -231,10 +231,10 @@ def start_worker_through(fleet: LocalFleet, index: int, proxy: PartitionProxy) -
     wait_until(lambda: fleet.readiness().workers >= index, 60, f"worker {index}")
 
 
-def test_f04_a_partition_healing_first_for_an_idle_worker_reruns_nothing(
+def test_a_partition_healing_first_for_an_idle_worker_reruns_nothing(
     tmp_path: Path,
 ) -> None:
-    """Finding 4, a partition without a restart that heals at different times for different
+    """A partition without a restart that heals at different times for different
     hosts. Worker H runs every rollout, worker S none; both lose Redis (each through a proxy
     of its own) for longer than a lease, so H's leases lapse. S's path heals first, H's
     seconds later. Redis never restarted (its uptime is large), so S took H's leases for a

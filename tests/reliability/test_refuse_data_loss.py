@@ -1,4 +1,4 @@
-"""Finding 5: a Redis that can lose admitted rollouts is refused by every gateway and worker at
+"""A Redis that can lose admitted rollouts is refused by every gateway and worker at
 start (an eviction policy other than ``noeviction``; no persistence), with a message naming the
 fix, unless ``ROLLOUT_FLEET_ALLOW_REDIS_DATA_LOSS`` says to run anyway. Before, a fleet ran on
 ``volatile-lru`` and lost rollouts whose records were evicted while their messages survived."""
@@ -45,7 +45,7 @@ def start(command: str, url: str, log: Path, **extra: str) -> tuple[ManagedProce
 
 
 @pytest.mark.parametrize("command", ["gateway", "worker"])
-def test_f05_a_process_refuses_a_redis_that_loses_rollouts(
+def test_a_process_refuses_a_redis_that_loses_rollouts(
     risky_redis: tuple[str, str], command: str, tmp_path: Path
 ) -> None:
     url, says = risky_redis
@@ -59,7 +59,7 @@ def test_f05_a_process_refuses_a_redis_that_loses_rollouts(
         process.stop()
 
 
-def test_f05_the_override_runs_anyway(risky_redis: tuple[str, str], tmp_path: Path) -> None:
+def test_the_data_loss_override_runs_anyway(risky_redis: tuple[str, str], tmp_path: Path) -> None:
     url, says = risky_redis
     process, port = start(
         "gateway", url, tmp_path / "gateway.log", ROLLOUT_FLEET_ALLOW_REDIS_DATA_LOSS="true"

@@ -1,7 +1,7 @@
 """Admissions that wait for a replica (``ROLLOUT_FLEET_ADMISSION_REPLICAS``), against a real
 primary and replica: a 202 is only ever answered for a record the replica holds, and a trainer
 retrying a 503 is never shut out. Found by the nemesis's sentinel stage and its repro scripts
-(issue 14, build item 5): a v1 retry was answered 202 from a record the replica never had (a
+a v1 retry was answered 202 from a record the replica never had (a
 failover then lost the acknowledged rollout), and a v2 retry got 409 for a rollout whose
 admission had been refused, which then ran with nobody holding its lease token."""
 

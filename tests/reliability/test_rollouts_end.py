@@ -1,4 +1,4 @@
-"""Every admitted rollout ends, with one result (issue 14, findings 1–3, 7, 8), on real
+"""Every admitted rollout ends, with one result, on real
 processes: gateways and Celery workers against a real redis-server and the mock TrainGate."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def revoke(handle: FleetUnderTest, rollout_id: str) -> None:
         app.close()
 
 
-def test_f01_a_rollout_of_the_other_generation_ends_with_its_trainer_told(
+def test_a_rollout_of_the_other_generation_ends_with_its_trainer_told(
     start_fleet: StartFleet, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """A v1 rollout taken by a worker whose agent speaks v2 (the agent changed while rollouts
@@ -71,7 +71,7 @@ def test_f01_a_rollout_of_the_other_generation_ends_with_its_trainer_told(
         v2.stop()
 
 
-def test_f02_a_record_sealed_with_another_key_fails_once_and_a_rotation_keeps_old_keys(
+def test_a_record_sealed_with_another_key_fails_once_and_a_rotation_keeps_old_keys(
     start_fleet: StartFleet,
 ) -> None:
     """Gateways and workers with different ``ROLLOUT_FLEET_SECRET_KEY``: the rollout fails at
@@ -103,7 +103,7 @@ def test_f02_a_record_sealed_with_another_key_fails_once_and_a_rotation_keeps_ol
         rotated_worker.stop()
 
 
-def test_f02_a_worker_the_local_supervisor_restarts_opens_what_the_gateway_sealed(
+def test_a_worker_the_local_supervisor_restarts_opens_what_the_gateway_sealed(
     start_fleet: StartFleet,
 ) -> None:
     """Found by the nemesis schedule: ``LocalFleet`` (``rollout-fleet up``, the tests) gave a
@@ -118,7 +118,7 @@ def test_f02_a_worker_the_local_supervisor_restarts_opens_what_the_gateway_seale
 
 
 @pytest.mark.parametrize("how", ["cancel", "revoke"])
-def test_f03_a_cancel_while_delivering_neither_cuts_the_post_nor_repeats_it(
+def test_a_cancel_while_delivering_neither_cuts_the_post_nor_repeats_it(
     start_fleet: StartFleet, how: str
 ) -> None:
     """Cancel (the CLI, or Flower's Revoke) while the completion POST is on the wire: the
@@ -151,7 +151,7 @@ def test_f03_a_cancel_while_delivering_neither_cuts_the_post_nor_repeats_it(
     assert "cancel_requested" not in handle.record(rollout_id)
 
 
-def test_f03_every_callback_carries_its_admissions_idempotency_key(start_fleet: StartFleet) -> None:
+def test_every_callback_carries_its_admissions_idempotency_key(start_fleet: StartFleet) -> None:
     handle = start_fleet(workers=1)
     rollout_id, key = new_id("idem"), new_id("key")
     admit(handle, rollout_id, idempotency_key=key)
@@ -161,7 +161,7 @@ def test_f03_every_callback_carries_its_admissions_idempotency_key(start_fleet: 
     assert {k.lower(): v for k, v in call["headers"].items()}["idempotency-key"] == token
 
 
-def test_f07_a_missed_stop_message_still_stops_the_rollout(start_fleet: StartFleet) -> None:
+def test_a_missed_stop_message_still_stops_the_rollout(start_fleet: StartFleet) -> None:
     """The cancel request is in the record but its stop message never reached the worker (its
     listener was reconnecting): the lease heartbeat sees it and the rollout ends cancelled,
     never ``success`` (before: it ran on and finished success with ``cancel_requested``)."""
@@ -182,7 +182,7 @@ def test_f07_a_missed_stop_message_still_stops_the_rollout(start_fleet: StartFle
     assert handle.redis.hget(key, "status") == "cancelled"
 
 
-def test_f08_a_delivery_taken_over_past_max_attempts_keeps_its_result(
+def test_a_delivery_taken_over_past_max_attempts_keeps_its_result(
     start_fleet: StartFleet,
 ) -> None:
     """The worker delivering a COMPLETED result dies mid-POST at the last allowed attempt; the
@@ -203,7 +203,7 @@ def test_f08_a_delivery_taken_over_past_max_attempts_keeps_its_result(
     assert final["terminations"] == "1"
 
 
-def test_f14_a_revoke_does_not_cancel_a_later_admission_of_the_same_id(
+def test_a_revoke_does_not_cancel_a_later_admission_of_the_same_id(
     start_fleet: StartFleet,
 ) -> None:
     """Flower's Revoke names a Celery task id, which workers remember for hours. Before, task
@@ -224,10 +224,10 @@ def test_f14_a_revoke_does_not_cancel_a_later_admission_of_the_same_id(
     assert handle.result(*again)["status"] == "success"
 
 
-def test_f10_a_message_lost_behind_a_backlog_is_resent_and_every_rollout_runs_once(
+def test_a_message_lost_behind_a_backlog_is_resent_and_every_rollout_runs_once(
     start_fleet: StartFleet,
 ) -> None:
-    """Finding 10 on real workers: the lost-message check now reads only the queue's tail (its
+    """On real workers: the lost-message check now reads only the queue's tail (its
     cost no longer grows with the backlog; tests/test_store.py measures that). A message a
     worker took from the tail and lost, with a backlog behind it, is still found and resent."""
     handle = start_fleet(workers=1, concurrency=1)

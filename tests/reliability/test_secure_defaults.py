@@ -1,4 +1,4 @@
-"""Secure by default (issue 14, findings 18–20): no open gateway by accident, drain fences that
+"""Secure by default: no open gateway by accident, drain fences that
 expire, trainer URLs that cannot aim the workers at metadata services or arbitrary paths, no
 foreign endpoint's body stored or returned, worker metrics on loopback. Real processes."""
 
@@ -29,7 +29,7 @@ def gateway_env(redis_server: RedisServer, **extra: str) -> dict[str, str]:
     return {**env, "REDIS_URL": redis_server.url_for(900), "AGENT": SCRIPTED_AGENT, **extra}
 
 
-def test_f18_a_gateway_without_a_key_refuses_a_non_loopback_address(
+def test_a_gateway_without_a_key_refuses_a_non_loopback_address(
     redis_server: RedisServer,
 ) -> None:
     port = free_port()
@@ -46,7 +46,7 @@ def test_f18_a_gateway_without_a_key_refuses_a_non_loopback_address(
     [{"ROLLOUT_FLEET_API_KEY": SERVER_KEY}, {"ROLLOUT_FLEET_INSECURE_OPEN_GATEWAY": "true"}],
     ids=["with a key", "open on purpose"],
 )
-def test_f18_a_gateway_with_a_key_or_told_to_run_open_starts(
+def test_a_gateway_with_a_key_or_told_to_run_open_starts(
     redis_server: RedisServer, tmp_path: Path, env: dict[str, str]
 ) -> None:
     port = free_port()
@@ -66,7 +66,7 @@ def uvicorn_gateway(port: int, host: str = "0.0.0.0") -> list[str]:
     return [sys.executable, "-m", "uvicorn", app, "--factory", "--host", host, "--port", str(port)]
 
 
-def test_f18_the_gateway_app_under_plain_uvicorn_refuses_a_non_loopback_address(
+def test_the_gateway_app_under_plain_uvicorn_refuses_a_non_loopback_address(
     redis_server: RedisServer,
 ) -> None:
     """The refusal is the app's, not only the CLI's: one line, no traceback, no port open."""
@@ -99,7 +99,7 @@ def test_f18_the_gateway_app_under_plain_uvicorn_refuses_a_non_loopback_address(
     ],
     ids=["with a key", "open on purpose", "loopback"],
 )
-def test_f18_the_gateway_app_under_plain_uvicorn_starts_when_it_may(
+def test_the_gateway_app_under_plain_uvicorn_starts_when_it_may(
     redis_server: RedisServer, tmp_path: Path, host: str, env: dict[str, str]
 ) -> None:
     port = free_port()
@@ -125,7 +125,7 @@ def outward_ipv4() -> str | None:
     return outward[0] if outward else None
 
 
-def test_f18_where_the_app_cannot_learn_its_address_it_refuses_requests_from_outside(
+def test_where_the_app_cannot_learn_its_address_it_refuses_requests_from_outside(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """Given a listening socket (``--fd``), uvicorn does not say where it listens: the app
@@ -156,7 +156,7 @@ def test_f18_where_the_app_cannot_learn_its_address_it_refuses_requests_from_out
         process.wait(30)
 
 
-def test_f18_a_drain_fence_expires(start_fleet: StartFleet) -> None:
+def test_a_drain_fence_expires(start_fleet: StartFleet) -> None:
     """A drain nobody lifts does not refuse admissions forever."""
     env = {**V2_ENV, "ROLLOUT_FLEET_API_KEY": SERVER_KEY, "ROLLOUT_FLEET_DRAIN_FENCE_SECONDS": "2"}
     handle = start_fleet(SCRIPTED_V2_AGENT, workers=1, env=env)
@@ -179,7 +179,7 @@ def test_f18_a_drain_fence_expires(start_fleet: StartFleet) -> None:
         "http://metadata.google.internal/",
     ],
 )
-def test_f19_trainer_urls_that_aim_elsewhere_are_refused_whatever_the_allow_list(
+def test_trainer_urls_that_aim_elsewhere_are_refused_whatever_the_allow_list(
     start_fleet: StartFleet, url: str
 ) -> None:
     handle = start_fleet(workers=0)
@@ -190,7 +190,7 @@ def test_f19_trainer_urls_that_aim_elsewhere_are_refused_whatever_the_allow_list
     assert not handle.record(rollout_id)
 
 
-def test_f19_a_v2_chat_completions_url_at_a_metadata_address_is_refused(
+def test_a_v2_chat_completions_url_at_a_metadata_address_is_refused(
     start_fleet: StartFleet,
 ) -> None:
     handle = start_fleet(SCRIPTED_V2_AGENT, workers=0, env=V2_ENV)
@@ -201,7 +201,7 @@ def test_f19_a_v2_chat_completions_url_at_a_metadata_address_is_refused(
         assert "chat_completions_url" in response.text
 
 
-def test_f19_a_foreign_endpoints_answer_is_never_stored_or_returned(
+def test_a_foreign_endpoints_answer_is_never_stored_or_returned(
     start_fleet: StartFleet,
 ) -> None:
     handle = start_fleet(workers=1)
@@ -217,7 +217,7 @@ def test_f19_a_foreign_endpoints_answer_is_never_stored_or_returned(
         assert "injected fault" not in seen  # the mock TrainGate's error body
 
 
-def test_f20_worker_metrics_listen_on_loopback_unless_told(start_fleet: StartFleet) -> None:
+def test_worker_metrics_listen_on_loopback_unless_told(start_fleet: StartFleet) -> None:
     """Before, a worker's ``/metrics`` listened on every interface."""
     outward = outward_ipv4()
     if outward is None:

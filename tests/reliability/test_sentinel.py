@@ -1,4 +1,4 @@
-"""Redis that fails over (issue 14, build 5): a primary, a replica and three sentinels; a fleet
+"""Redis that fails over: a primary, a replica and three sentinels; a fleet
 (gateway, two workers, Flower) given the sentinels' URL; the primary is killed while a trainer
 admits rollouts. Every process follows the new primary, and with
 ``ROLLOUT_FLEET_ADMISSION_REPLICAS=1`` every rollout acknowledged with a 202 is delivered."""
