@@ -1,5 +1,5 @@
 """The README stays true: its configuration table covers every fleet setting, and it keeps
-exactly two quick-start commands (the `up` one is run by tests/integration/test_up_command)."""
+exactly two quick-start commands (the `up` one is run by tests/operations/test_up_command)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from tests.conftest import V2_ENV, StartFleet
 from tests.docker.harbor_folders import write_probe_rollout, write_template_rollout
 from tests.docker.stack import COMPOSE_PLUGIN, Trainer, docker_host
 from tests.harness import LEASE_HEADER, V2FleetUnderTest, v2_body
-from tests.integration.test_operations import fleet_cli
+from tests.operations.test_operations import fleet_cli
 
 FLEET_LABEL = "org.rollout-fleet.fleet"
 ROLLOUT_LABEL = "org.rollout-fleet.rollout"

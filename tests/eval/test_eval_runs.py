@@ -32,7 +32,7 @@ from tests.harness import (
     screenshot_dir,
     start_mock_trainer,
 )
-from tests.integration.test_up_supervised import assert_all_gone, listening_ports
+from tests.operations.test_up_supervised import assert_all_gone, listening_ports
 
 FIXTURE_ROWS = REPO.parent / "shared" / "fixtures" / "example_calculator_test_data.jsonl"
 CALCULATOR = "examples/calculator/server.py:agent_loop"

@@ -33,7 +33,7 @@ from tests.eval.test_eval_runs import (
     results_of,
 )
 from tests.harness import REPO, MockTrainGateClient, screenshot_dir, start_mock_trainer
-from tests.integration.test_up_supervised import assert_all_gone, listening_ports, started_up
+from tests.operations.test_up_supervised import assert_all_gone, listening_ports, started_up
 
 STOP_SECONDS = 2.0  # from the signal to the exit
 

@@ -1,1 +1,1 @@
-"""The promise against faults nobody scripted."""
+"""v1 delivery: one completion callback per rollout through worker freezes and other faults."""

@@ -10,8 +10,8 @@ with the record; a rollout sent to the foreign service ended with ``delivery: fa
 no API key or foreign body is in any view or record field.
 
 CI runs ``ROLLOUT_FLEET_PROPERTY_EXAMPLES`` examples (default 40); the full run is
-``ROLLOUT_FLEET_PROPERTY_EXAMPLES=500 uv run pytest tests/reliability/test_properties.py``.
-A failing example is kept in ``tests/reliability/property-examples/`` (commit it: it is
+``ROLLOUT_FLEET_PROPERTY_EXAMPLES=500 uv run pytest tests/delivery/test_properties.py``.
+A failing example is kept in ``tests/delivery/property-examples/`` (commit it: it is
 replayed first from then on).
 """
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.conftest import V2_ENV, module_fleet
 from tests.harness import REPO, V2FleetUnderTest, new_id
-from tests.integration.test_operations import exported
+from tests.operations.test_operations import exported
 
 TOKEN_IDS_AGENT = str(REPO / "tests/agents/token_ids_v2.py")
 CASES = [

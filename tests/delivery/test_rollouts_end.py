@@ -22,7 +22,7 @@ from tests.harness import (
     script,
     v2_body,
 )
-from tests.integration.test_operations import fleet_cli
+from tests.operations.test_operations import fleet_cli
 
 SECRET_ENV = "ROLLOUT_FLEET_SECRET_KEY"
 TRAINER_KEY = "sk-trainer-f02"

@@ -14,7 +14,7 @@ from celery import Celery
 from rollout_core.settings import FleetSettings
 from tests.conftest import V2_ENV, StartFleet, v2_fleet
 from tests.harness import SCRIPTED_V2_AGENT, V2FleetUnderTest
-from tests.integration.test_task_events import EventChannel
+from tests.operations.test_task_events import EventChannel
 
 QUEUE: str = FleetSettings.model_fields["queue"].default
 narrow = v2_fleet(gateways=1, workers=1, concurrency=2)

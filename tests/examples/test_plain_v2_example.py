@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import V2_ENV, StartFleet
 from tests.harness import REPO, MockTrainGateClient, V2FleetUnderTest, run_v2_dataset
-from tests.integration.test_operations import exported
+from tests.operations.test_operations import exported
 
 EXAMPLE = REPO / "examples" / "plain_v2_calculator"
 ROWS = len((EXAMPLE / "test_data.jsonl").read_text().splitlines())
