@@ -9,11 +9,11 @@ mock TrainGate (a real HTTP server standing for the model endpoint).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 
 from rollout_sdk.localrun.bridge import LLMBridge
-from tests.harness import MockTrainGateClient
 
 RUN_KEY = "run-key-of-this-test"
 ENDPOINT_KEY = "sk-endpoint-key"
@@ -50,9 +50,10 @@ async def statuses(model_url: str) -> dict[str, int]:
 
 
 def test_the_bridge_forwards_only_calls_with_its_key_and_sends_the_endpoints_own(
-    mock_trainer: MockTrainGateClient,
+    mock_trainer: tuple[str, Any],
 ) -> None:
-    seen = asyncio.run(statuses(f"{mock_trainer.url}/v1/rollouts/bridge-key-model"))
+    url, _ = mock_trainer
+    seen = asyncio.run(statuses(f"{url}/v1/rollouts/bridge-key-model"))
     assert seen == {
         "v2 without a key": 401,
         "v2 with another key": 401,
@@ -62,7 +63,10 @@ def test_the_bridge_forwards_only_calls_with_its_key_and_sends_the_endpoints_own
         "v2 with the key": 200,
         "callback with the key": 200,
     }
-    calls = mock_trainer.calls("chat", "bridge-key-model")
+    answer = httpx.get(
+        f"{url}/mock/calls", params={"path": "chat", "rollout_id": "bridge-key-model"}
+    )
+    calls = answer.raise_for_status().json()
     assert len(calls) == 1  # the refused calls never reached the endpoint
     assert calls[0]["headers"]["authorization"] == f"Bearer {ENDPOINT_KEY}"
     assert calls[0]["body"]["model"] == "policy"
