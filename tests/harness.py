@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import httpx
 import redis
+from celery import Celery
 
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
@@ -231,6 +232,14 @@ class FleetUnderTest:
             time.sleep(0.05)
         raise AssertionError(f"{key} never reached {statuses}: {self.record(key)}\n{self.logs()}")
 
+    def revoke(self, rollout_id: str) -> None:
+        """What Flower's Revoke button sends: a Celery revoke of the rollout's task."""
+        app = Celery(broker=self.fleet.redis_url)
+        try:
+            app.control.revoke(self.record(rollout_id)["task"])
+        finally:
+            app.close()
+
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(
             f"--- {name} ---\n{process.output()[-tail:]}"
@@ -241,6 +250,12 @@ class FleetUnderTest:
         self.fleet.stop()
         self.http.close()
         self.redis.close()
+
+
+def admit_v1(handle: FleetUnderTest, rollout_id: str, **fields: object) -> None:
+    """Admit a v1 rollout with these body fields; the gateway must answer 202."""
+    response = handle.init(handle.body(rollout_id, **fields))
+    assert response.status_code == 202, response.text
 
 
 LEASE_HEADER = "X-Osmosis-Rollout-Lease"

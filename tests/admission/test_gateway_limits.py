@@ -1,5 +1,5 @@
-"""Limits: settings at their edges, selectors at theirs, and a
-gateway whose get_tools threads hang (11), on real gateway and worker processes."""
+"""Limits: settings at their edges, and a gateway whose get_tools threads hang or are all
+busy, on real gateway and worker processes."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from rollout_fleet.local import fleet_command
 from rollout_fleet.processes import free_port
 from rollout_fleet.redis_server import RedisServer
-from tests.conftest import V2_ENV, StartFleet
-from tests.harness import SCRIPTED_V2_AGENT, V2FleetUnderTest, new_id, script
+from tests.conftest import StartFleet
+from tests.harness import SCRIPTED_V2_AGENT, new_id, script
 
 
 @pytest.mark.parametrize(
@@ -69,18 +69,6 @@ def test_a_v1_backlog_older_than_the_inflight_ttl_is_still_run(start_fleet: Star
     assert handle.init(handle.body(waiting)).status_code == 202
     deliveries = handle.wait_delivered([slow, waiting], timeout=60)
     assert [c["status"] for c in deliveries[waiting]] == ["COMPLETED"]
-
-
-def test_cancel_by_prefix_reaches_ids_going_on_past_latin_1(start_fleet: StartFleet) -> None:
-    handle = start_fleet(SCRIPTED_V2_AGENT, workers=0, env=V2_ENV, handle=V2FleetUnderTest)
-    assert isinstance(handle, V2FleetUnderTest)
-    group = f"grp-{new_id()}-"
-    ids = [f"{group}a", f"{group}é", f"{group}Ā", f"{group}漢", f"{group}🙂"]
-    for rollout_id in ids:
-        handle.admitted(rollout_id=rollout_id)
-    response = handle.http.post("/rollout/cancel", json={"prefix": group})
-    assert response.status_code == 200, response.text
-    assert response.json()["dispositions"] == dict.fromkeys(ids, "cancelled_queued")
 
 
 def test_hung_get_tools_calls_refuse_admissions_clearly_and_unready_the_gateway(

@@ -1,15 +1,19 @@
 """The gateway keeps no state of its own — two gateway processes behind one
-port behave as one, including for concurrent duplicate admissions."""
+port behave as one, including for concurrent duplicate admissions; and long-polls survive a
+gateway's death (the poller carries on at the other replica)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from tests.conftest import module_fleet
-from tests.harness import FleetUnderTest, script
+from tests.conftest import module_fleet, v2_fleet
+from tests.harness import LEASE_HEADER, TERMINAL, FleetUnderTest, V2FleetUnderTest, script
 
 replicated = module_fleet(workers=1, gateway_workers=2)
 
@@ -57,3 +61,47 @@ def test_concurrent_duplicates_across_replicas_run_once(replicated: FleetUnderTe
         assert len(deliveries[rollout_id]) == 1
         assert len(replicated.trainer.calls("chat", rollout_id)) == 1
         assert replicated.record(rollout_id)["attempt"] == "1"
+
+
+replicas = v2_fleet(env={"ROLLOUT_FLEET_RESULT_WAIT_TIMEOUT_SECONDS": "30"})
+
+
+def poll_with_failover(urls: list[str], rollout_id: str, token: str, out: dict[str, Any]) -> None:
+    """A trainer behind a load balancer: on a dead gateway, go on at the next one."""
+    for url in urls:
+        try:
+            with httpx.Client(base_url=url, timeout=60) as client:
+                while True:
+                    body = client.get(
+                        f"/rollout/{rollout_id}/result", headers={LEASE_HEADER: token}
+                    ).json()
+                    if body["status"] in TERMINAL:
+                        out[rollout_id] = (url, body)
+                        return
+        except httpx.TransportError:
+            continue
+
+
+def test_long_polls_outlive_the_gateway_they_were_on(replicas: V2FleetUnderTest) -> None:
+    first, second = replicas.fleet.gateway_urls
+    admitted = [replicas.admitted(metadata={"script": [{"sleep": 4}]}) for _ in range(10)]
+    results: dict[str, Any] = {}
+    pollers = [
+        threading.Thread(target=poll_with_failover, args=([first, second], rid, token, results))
+        for rid, token in admitted
+    ]
+    for poller in pollers:
+        poller.start()
+    time.sleep(1.5)  # every poller is now waiting on the first gateway
+    replicas.fleet.processes["gateway"].kill()
+    for poller in pollers:
+        poller.join(60)
+    try:
+        assert len(results) == 10
+        for url, body in results.values():
+            assert url == second
+            assert body["status"] == "success"
+            assert body["sample"]["reward"] == 1.0
+    finally:
+        replicas.fleet.start_gateway(index=1)
+        replicas.fleet.wait_ready(60)

@@ -1,70 +1,18 @@
-"""Long-polls survive a gateway's death (the poller carries on at the other
-replica), and a Celery revoke — what Flower's Revoke button sends — cancels exactly that
-rollout's task, on v2 and v1 fleets, without touching the worker process or its neighbours."""
+"""A Celery revoke — what Flower's Revoke button sends — cancels exactly that rollout's task,
+running or queued, on v2 and v1 fleets, without touching the worker process or its
+neighbours; Flower's events show a queued rollout revoked before it ran as revoked; and a
+revoke never reaches a later admission of the same id."""
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any
 
-import httpx
-from celery import Celery
-
-from tests.conftest import module_fleet, v2_fleet
-from tests.harness import LEASE_HEADER, TERMINAL, FleetUnderTest, V2FleetUnderTest, script
+from tests.conftest import V2_ENV, StartFleet, module_fleet, v2_fleet
+from tests.harness import SCRIPTED_V2_AGENT, FleetUnderTest, V2FleetUnderTest, new_id, script
+from tests.operations.test_task_events import EventChannel
 
 replicas = v2_fleet(env={"ROLLOUT_FLEET_RESULT_WAIT_TIMEOUT_SECONDS": "30"})
 v1_fleet = module_fleet(workers=1)
-
-
-def poll_with_failover(urls: list[str], rollout_id: str, token: str, out: dict[str, Any]) -> None:
-    """A trainer behind a load balancer: on a dead gateway, go on at the next one."""
-    for url in urls:
-        try:
-            with httpx.Client(base_url=url, timeout=60) as client:
-                while True:
-                    body = client.get(
-                        f"/rollout/{rollout_id}/result", headers={LEASE_HEADER: token}
-                    ).json()
-                    if body["status"] in TERMINAL:
-                        out[rollout_id] = (url, body)
-                        return
-        except httpx.TransportError:
-            continue
-
-
-def test_long_polls_outlive_the_gateway_they_were_on(replicas: V2FleetUnderTest) -> None:
-    first, second = replicas.fleet.gateway_urls
-    admitted = [replicas.admitted(metadata={"script": [{"sleep": 4}]}) for _ in range(10)]
-    results: dict[str, Any] = {}
-    pollers = [
-        threading.Thread(target=poll_with_failover, args=([first, second], rid, token, results))
-        for rid, token in admitted
-    ]
-    for poller in pollers:
-        poller.start()
-    time.sleep(1.5)  # every poller is now waiting on the first gateway
-    replicas.fleet.processes["gateway"].kill()
-    for poller in pollers:
-        poller.join(60)
-    try:
-        assert len(results) == 10
-        for url, body in results.values():
-            assert url == second
-            assert body["status"] == "success"
-            assert body["sample"]["reward"] == 1.0
-    finally:
-        replicas.fleet.start_gateway(index=1)
-        replicas.fleet.wait_ready(60)
-
-
-def revoke(fleet: FleetUnderTest, record: str) -> None:
-    app = Celery(broker=fleet.fleet.redis_url)
-    try:
-        app.control.revoke(fleet.redis.hget(record, "task"))
-    finally:
-        app.close()
 
 
 def test_a_revoke_cancels_one_v2_rollout_only(replicas: V2FleetUnderTest) -> None:
@@ -72,7 +20,7 @@ def test_a_revoke_cancels_one_v2_rollout_only(replicas: V2FleetUnderTest) -> Non
     neighbours = [replicas.admitted(metadata={"script": [{"chats": [5, 0.3]}]}) for _ in range(4)]
     victim, token = replicas.admitted(metadata={"script": [{"chats": [60, 0.2]}]})
     replicas.wait_status(victim, {"running"})
-    revoke(replicas, replicas.record_key(victim))
+    replicas.revoke(victim)
     final = replicas.result(victim, token)
     assert (final["status"], final["err_message"]) == ("cancelled", "cancelled")
     for rollout_id, neighbour_token in neighbours:
@@ -85,7 +33,7 @@ def test_a_revoked_v1_rollout_still_reports_back_once(v1_fleet: FleetUnderTest) 
     body = v1_fleet.body(metadata=script({"chat": {}}, {"sleep": 30}, {"complete": {}}))
     assert v1_fleet.init(body).status_code == 202
     v1_fleet.wait_status(body["rollout_id"], {"running"})
-    revoke(v1_fleet, v1_fleet.record_key(body["rollout_id"]))
+    v1_fleet.revoke(body["rollout_id"])
     (delivered,) = v1_fleet.wait_delivered([body["rollout_id"]], timeout=20)[body["rollout_id"]]
     assert delivered["status"] == "ERROR"
     assert "cancelled" in delivered["error_message"]
@@ -100,7 +48,7 @@ def test_revoking_a_queued_v2_rollout_cancels_it(narrow_v2: V2FleetUnderTest) ->
     busy = narrow_v2.admitted(metadata={"script": [{"sleep": 2}]})
     narrow_v2.wait_status(busy[0], {"running"})
     queued, token = narrow_v2.admitted()
-    revoke(narrow_v2, narrow_v2.record_key(queued))
+    narrow_v2.revoke(queued)
     final = narrow_v2.result(queued, token)
     assert final["status"] == "cancelled"
     assert narrow_v2.trainer.calls("chat", queued) == []
@@ -110,9 +58,48 @@ def test_revoking_a_queued_v1_rollout_reports_back_once(narrow_v1: FleetUnderTes
     busy = narrow_v1.body(metadata=script({"sleep": 2}, {"complete": {}}))
     queued = narrow_v1.body()
     assert narrow_v1.init(busy).status_code == narrow_v1.init(queued).status_code == 202
-    revoke(narrow_v1, narrow_v1.record_key(queued["rollout_id"]))
+    narrow_v1.revoke(queued["rollout_id"])
     deliveries = narrow_v1.wait_delivered([busy["rollout_id"], queued["rollout_id"]])
     (reported,) = deliveries[queued["rollout_id"]]
     assert reported["status"] == "ERROR"
     assert "cancelled" in reported["error_message"]
     assert narrow_v1.trainer.calls("chat", queued["rollout_id"]) == []
+
+
+two_slots = v2_fleet(gateways=1, workers=1, concurrency=2)
+
+
+def test_a_queued_rollout_revoked_shows_revoked(two_slots: V2FleetUnderTest) -> None:
+    with EventChannel(two_slots) as channel:
+        busy = [two_slots.admitted(metadata={"script": [{"sleep": 2}]}) for _ in range(2)]
+        two_slots.wait_status(busy[0][0], {"running"})
+        queued, token = two_slots.admitted()
+        task_id = two_slots.record(queued)["task"]
+        two_slots.revoke(queued)
+        assert two_slots.result(queued, token)["status"] == "cancelled"
+        for rollout_id, busy_token in busy:
+            assert two_slots.result(rollout_id, busy_token)["status"] == "success"
+    kinds = [event["type"] for event in channel.events() if event.get("uuid") == task_id]
+    assert kinds == ["task-received", "task-revoked"]
+    assert two_slots.trainer.calls("chat", queued) == []
+
+
+def test_a_revoke_does_not_cancel_a_later_admission_of_the_same_id(
+    start_fleet: StartFleet,
+) -> None:
+    """Flower's Revoke names a Celery task id, which workers remember for hours. Before, task
+    ids were derived from the rollout, so the same id admitted again after its retention was
+    cancelled at once."""
+    env = {**V2_ENV, "ROLLOUT_FLEET_RESULT_RETENTION_SECONDS": "1"}
+    handle = start_fleet(SCRIPTED_V2_AGENT, workers=1, env=env, handle=V2FleetUnderTest)
+    assert isinstance(handle, V2FleetUnderTest)
+    rollout_id = new_id("readmitted")
+    first = handle.admitted(rollout_id=rollout_id, metadata=script({"sleep": 30}))
+    handle.wait_status(rollout_id, {"running"})
+    handle.revoke(rollout_id)
+    assert handle.result(*first)["status"] == "cancelled"
+    deadline = time.monotonic() + 20
+    while handle.record(rollout_id) and time.monotonic() < deadline:
+        time.sleep(0.2)  # its retention runs out: the id may be admitted again
+    again = handle.admitted(rollout_id=rollout_id)
+    assert handle.result(*again)["status"] == "success"

@@ -1,20 +1,16 @@
 """The worker takes its own messages on its event loop (``rollout_worker/intake.py``),
 on a real fleet: Celery's consumer takes none, a worker holds no more messages than it runs,
-a message that is not a rollout's is dropped without stopping the worker, and Flower's
-events show a queued rollout revoked before it ran as revoked; a stopping worker takes
-nothing more, even once the hand-back frees its slots."""
+a message that is not a rollout's is dropped without stopping the worker, and a stopping
+worker takes nothing more, even once the hand-back frees its slots."""
 
 from __future__ import annotations
 
 import json
 import time
 
-from celery import Celery
-
 from rollout_core.settings import FleetSettings
 from tests.conftest import V2_ENV, StartFleet, v2_fleet
 from tests.harness import SCRIPTED_V2_AGENT, V2FleetUnderTest
-from tests.operations.test_task_events import EventChannel
 
 QUEUE: str = FleetSettings.model_fields["queue"].default
 narrow = v2_fleet(gateways=1, workers=1, concurrency=2)
@@ -49,25 +45,6 @@ def test_a_message_that_is_not_a_rollouts_is_dropped_and_the_worker_goes_on(
     assert worker.alive()
     assert worker.pid == pid
     assert "dropped a queued message that is not a rollout's" in narrow.logs()
-
-
-def test_a_queued_rollout_revoked_shows_revoked(narrow: V2FleetUnderTest) -> None:
-    with EventChannel(narrow) as channel:
-        busy = [narrow.admitted(metadata={"script": [{"sleep": 2}]}) for _ in range(2)]
-        narrow.wait_status(busy[0][0], {"running"})
-        queued, token = narrow.admitted()
-        task_id = narrow.record(queued)["task"]
-        app = Celery(broker=narrow.fleet.redis_url)
-        try:
-            app.control.revoke(task_id)
-        finally:
-            app.close()
-        assert narrow.result(queued, token)["status"] == "cancelled"
-        for rollout_id, busy_token in busy:
-            assert narrow.result(rollout_id, busy_token)["status"] == "success"
-    kinds = [event["type"] for event in channel.events() if event.get("uuid") == task_id]
-    assert kinds == ["task-received", "task-revoked"]
-    assert narrow.trainer.calls("chat", queued) == []
 
 
 def test_a_stopping_worker_with_every_slot_busy_takes_nothing_more(

@@ -1,13 +1,16 @@
 """Two fleets on one real Redis database with different key prefixes and the same queue name.
 Before: nothing noticed; each fleet's workers took and ran the other's rollouts (the intake
-claimed any record key it was handed)."""
+claimed any record key it was handed). And two fleets with their own prefixes and queues
+share kombu's taken set: each fleet's sweeper keeps to its own fleet's messages."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import free_port, wait_until
 from tests.conftest import TEST_ENV, StartFleet
@@ -100,3 +103,36 @@ def test_a_process_of_a_fleet_on_another_queue_refuses_to_start(start_fleet: Sta
         assert "Traceback" not in output
     assert first.redis.get("fq:queue") == QUEUE
     assert first.http.get("/ready").status_code == 200  # the fleet itself is untouched
+
+
+def test_a_sweeper_leaves_another_fleets_taken_messages_alone(
+    start_fleet: StartFleet,
+) -> None:
+    """Two fleets on one Redis database, with their own prefixes and queues, share kombu's
+    taken set. A message fleet B's worker took and never started (it died) must go back to
+    B's queue, by B: before, fleet A's sweeper moved it into A's queue."""
+    fleet_b = start_fleet(
+        workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fb", "ROLLOUT_FLEET_QUEUE": "qb"}
+    )
+    rollout_id = new_id("fleet-b")
+    assert fleet_b.init(fleet_b.body(rollout_id)).status_code == 202
+    message = fleet_b.redis.rpop("qb")  # a B worker takes it, then dies before starting it
+    assert isinstance(message, str)
+    entry = json.dumps([json.loads(message), "", "qb"])
+    fleet_b.redis.hset(UNACKED, "tag-b", entry)
+    fleet_b.redis.zadd(UNACKED_INDEX, {"tag-b": time.time() - 60})
+    env = {"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": "qa"}
+    fleet_a = LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=fleet_b.fleet.redis_url,
+        workers=1,
+        env={**TEST_ENV, **env},
+        log_dir=fleet_b.fleet.log_dir / "fleet-a",
+    ).start()
+    try:
+        time.sleep(4 * float(TEST_ENV["ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS"]) + 2)
+        assert fleet_b.redis.llen("qa") == 0
+        assert fleet_b.redis.hexists(UNACKED, "tag-b")
+        assert fleet_b.record(rollout_id)["status"] == "queued"
+    finally:
+        fleet_a.stop()

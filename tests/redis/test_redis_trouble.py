@@ -3,7 +3,6 @@
 Against a Redis that stopped answering (blackholed: SIGSTOP, a dead host, a
 partition) one call gives up within the store's retry budget (about 10 s) and the gateway
 answers 503, instead of hanging (before: about 56 s, or for ever on an open connection).
-Fleets sharing a Redis database keep to their own messages.
 After Redis was away (stopped, a long AOF load, a partition), sweepers leave lapsed
 leases to their live holders.
 And a Redis restarted without persistence under a running fleet is noticed.
@@ -11,7 +10,6 @@ And a Redis restarted without persistence under a running fleet is noticed.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Iterator
@@ -21,11 +19,10 @@ import httpx
 import pytest
 import redis
 
-from rollout_core.store.schema import UNACKED, UNACKED_INDEX
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.processes import wait_until
 from rollout_fleet.redis_server import RedisServer
-from tests.conftest import TEST_ENV, StartFleet
+from tests.conftest import TEST_ENV
 from tests.harness import (
     SCRIPTED_AGENT,
     MockTrainGateClient,
@@ -78,39 +75,6 @@ def test_a_blackholed_redis_gets_a_503_not_a_hang(
         f"{fleet.gateway_url}/v1/rollout/init", json=v1_body("http://127.0.0.1:9", "after")
     )
     assert again.status_code == 202, again.text
-
-
-def test_a_sweeper_leaves_another_fleets_taken_messages_alone(
-    start_fleet: StartFleet,
-) -> None:
-    """Two fleets on one Redis database, with their own prefixes and queues, share kombu's
-    taken set. A message fleet B's worker took and never started (it died) must go back to
-    B's queue, by B: before, fleet A's sweeper moved it into A's queue."""
-    fleet_b = start_fleet(
-        workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fb", "ROLLOUT_FLEET_QUEUE": "qb"}
-    )
-    rollout_id = new_id("fleet-b")
-    assert fleet_b.init(fleet_b.body(rollout_id)).status_code == 202
-    message = fleet_b.redis.rpop("qb")  # a B worker takes it, then dies before starting it
-    assert isinstance(message, str)
-    entry = json.dumps([json.loads(message), "", "qb"])
-    fleet_b.redis.hset(UNACKED, "tag-b", entry)
-    fleet_b.redis.zadd(UNACKED_INDEX, {"tag-b": time.time() - 60})
-    env = {"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": "qa"}
-    fleet_a = LocalFleet(
-        agent=SCRIPTED_AGENT,
-        redis_url=fleet_b.fleet.redis_url,
-        workers=1,
-        env={**TEST_ENV, **env},
-        log_dir=fleet_b.fleet.log_dir / "fleet-a",
-    ).start()
-    try:
-        time.sleep(4 * float(TEST_ENV["ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS"]) + 2)
-        assert fleet_b.redis.llen("qa") == 0
-        assert fleet_b.redis.hexists(UNACKED, "tag-b")
-        assert fleet_b.record(rollout_id)["status"] == "queued"
-    finally:
-        fleet_a.stop()
 
 
 HELD = 10  # rollouts running when Redis goes away

@@ -1,4 +1,8 @@
-"""Following the warning of a fleet without ``ROLLOUT_FLEET_SECRET_KEY`` ("set it") on a fleet
+"""The secret key that seals what a trainer entrusts to a record, on real gateway and worker
+processes: a record sealed with another key fails once, naming the setting; a rotated key
+list still opens what an old key sealed; a restarted worker opens what the gateway sealed.
+
+Following the warning of a fleet without ``ROLLOUT_FLEET_SECRET_KEY`` ("set it") on a fleet
 with queued rollouts, on real gateway and worker processes. Before: the key the fleet had
 generated (and kept in Redis) was dropped for the operator's own, so every rollout it had
 sealed failed at its worker with an error naming the setting."""
@@ -8,7 +12,7 @@ from __future__ import annotations
 from cryptography.fernet import Fernet
 
 from tests.conftest import StartFleet
-from tests.harness import new_id
+from tests.harness import admit_v1, new_id
 
 SECRET_ENV = "ROLLOUT_FLEET_SECRET_KEY"
 TRAINER_KEY = "sk-trainer-generated-key"
@@ -37,3 +41,49 @@ def test_rollouts_queued_under_the_generated_key_run_once_the_operator_sets_one(
     for rollout_id in [*queued, after]:
         (callback,) = deliveries[rollout_id]
         assert callback["status"] == "COMPLETED", callback
+
+
+def test_a_record_sealed_with_another_key_fails_once_and_a_rotation_keeps_old_keys(
+    start_fleet: StartFleet,
+) -> None:
+    """Gateways and workers with different ``ROLLOUT_FLEET_SECRET_KEY``: the rollout fails at
+    its first attempt with an error naming the setting (before: the worker crashed on it,
+    attempts went on past max_attempts until the record's TTL). A rotated key listed as
+    ``NEW,OLD`` still opens what OLD sealed."""
+    handle = start_fleet(workers=0, env={"ROLLOUT_FLEET_MAX_ATTEMPTS": "2"})
+    old = handle.fleet.process_env()[SECRET_ENV]
+    unreadable, rotated = new_id("sealed"), new_id("rotated")
+    admit_v1(handle, unreadable, api_key=TRAINER_KEY)
+    env = handle.fleet.process_env()
+    stranger = handle.fleet.start_worker(1, {**env, SECRET_ENV: Fernet.generate_key().decode()})
+    try:
+        record = handle.wait_status(unreadable, {"failure"}, timeout=30)
+        assert record["attempt"] == "1"
+        view = handle.http.get(f"/v1/rollouts/{unreadable}").json()
+        assert "ROLLOUT_FLEET_SECRET_KEY" in view["error"]
+        assert view["delivery"].startswith("not delivered")
+        assert TRAINER_KEY not in str(view)
+    finally:
+        stranger.stop()
+    new = Fernet.generate_key().decode()
+    admit_v1(handle, rotated, api_key=TRAINER_KEY)
+    rotated_worker = handle.fleet.start_worker(2, {**env, SECRET_ENV: f"{new},{old}"})
+    try:
+        (callback,) = handle.wait_delivered([rotated])[rotated]
+        assert callback["status"] == "COMPLETED"
+    finally:
+        rotated_worker.stop()
+
+
+def test_a_worker_the_local_supervisor_restarts_opens_what_the_gateway_sealed(
+    start_fleet: StartFleet,
+) -> None:
+    """Found by the nemesis schedule: ``LocalFleet`` (``rollout-fleet up``, the tests) gave a
+    restarted worker a new generated secret key, so it could open nothing queued before."""
+    handle = start_fleet(workers=1)
+    handle.fleet.processes["worker-1"].kill()
+    rollout_id = new_id("restarted")
+    admit_v1(handle, rollout_id, api_key=TRAINER_KEY)
+    assert handle.fleet.restart_dead_workers() == ["worker-1"]
+    (callback,) = handle.wait_delivered([rollout_id])[rollout_id]
+    assert callback["status"] == "COMPLETED"
