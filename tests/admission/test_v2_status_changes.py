@@ -11,44 +11,22 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import redis
 
 from rollout_worker.v2 import GRADING_REPORT_DELAY_SECONDS
 from tests.conftest import v2_fleet
-from tests.harness import V2FleetUnderTest
+from tests.harness import Subscription, V2FleetUnderTest
 
 fleet = v2_fleet(gateways=1, workers=1)
 TERMINAL = {"success", "failure", "cancelled"}
 
 
-class Changes:
+class Changes(Subscription):
     """Every message on the fleet's change channel while inside."""
 
     def __init__(self, fleet: V2FleetUnderTest) -> None:
-        self._pubsub = fleet.redis.pubsub()  # type: ignore[no-untyped-call]
-        self._pubsub.subscribe(f"{fleet.prefix}:changes")
-        self.messages: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._listen, daemon=True)
-
-    def __enter__(self) -> Changes:
-        self._thread.start()
-        return self
-
-    def _listen(self) -> None:
-        while not self._stop.is_set():
-            message = self._pubsub.get_message(timeout=0.1)
-            if message and message["type"] == "message":
-                data = message["data"]
-                self.messages.append(data.decode() if isinstance(data, bytes) else str(data))
-
-    def __exit__(self, *_: Any) -> None:
-        time.sleep(0.3)  # the last publish reaches us
-        self._stop.set()
-        self._thread.join()
-        self._pubsub.close()
+        super().__init__(fleet, f"{fleet.prefix}:changes")
 
     def of(self, record: str) -> list[str]:
         """The statuses published for ``record``, in order."""

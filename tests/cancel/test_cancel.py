@@ -14,11 +14,11 @@ from tests.harness import (
     SCRIPTED_V2_AGENT,
     V2FleetUnderTest,
     admit_v1,
+    fleet_cli,
     new_id,
     script,
     v2_body,
 )
-from tests.operations.test_operations import fleet_cli
 
 LEASE = float(TEST_ENV["ROLLOUT_FLEET_LEASE_SECONDS"])
 SETTLE = 3 * LEASE + 2  # long enough for a lapsed lease to be swept and taken over

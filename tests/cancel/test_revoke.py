@@ -8,8 +8,14 @@ from __future__ import annotations
 import time
 
 from tests.conftest import V2_ENV, StartFleet, module_fleet, v2_fleet
-from tests.harness import SCRIPTED_V2_AGENT, FleetUnderTest, V2FleetUnderTest, new_id, script
-from tests.operations.test_task_events import EventChannel
+from tests.harness import (
+    SCRIPTED_V2_AGENT,
+    EventChannel,
+    FleetUnderTest,
+    V2FleetUnderTest,
+    new_id,
+    script,
+)
 
 replicas = v2_fleet(env={"ROLLOUT_FLEET_RESULT_WAIT_TIMEOUT_SECONDS": "30"})
 v1_fleet = module_fleet(workers=1)

@@ -23,6 +23,7 @@ import docker
 import pytest
 
 from bench.sandboxes import write_oracle_rollout
+from tests.docker.sandboxes import FLEET_LABEL, none_left
 from tests.docker.stack import (
     Stack,
     code_blocks,
@@ -31,7 +32,6 @@ from tests.docker.stack import (
     readme_section,
     shell_commands,
 )
-from tests.docker.test_sandboxes import FLEET_LABEL, none_left
 from tests.harness import LEASE_HEADER, TERMINAL, v2_body
 
 HEADING = "### Sandboxed rollouts with Docker Compose"

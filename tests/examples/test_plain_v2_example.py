@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import V2_ENV, StartFleet
-from tests.harness import REPO, MockTrainGateClient, V2FleetUnderTest, run_v2_dataset
-from tests.operations.test_operations import exported
+from tests.harness import REPO, MockTrainGateClient, V2FleetUnderTest, exported, run_v2_dataset
 
 EXAMPLE = REPO / "examples" / "plain_v2_calculator"
 ROWS = len((EXAMPLE / "test_data.jsonl").read_text().splitlines())

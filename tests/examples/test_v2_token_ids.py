@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import V2_ENV, module_fleet
-from tests.harness import REPO, V2FleetUnderTest, new_id
-from tests.operations.test_operations import exported
+from tests.harness import REPO, V2FleetUnderTest, exported, new_id
 
 TOKEN_IDS_AGENT = str(REPO / "tests/agents/token_ids_v2.py")
 CASES = [

@@ -6,16 +6,14 @@ workers, Redis and mock TrainGate; the v1 calculator)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollout_fleet.local import fleet_command
 from tests.conftest import StartFleet
-from tests.harness import CALCULATOR_AGENT, FleetUnderTest, calculator_bodies
+from tests.harness import CALCULATOR_AGENT, FleetUnderTest, calculator_bodies, exported, fleet_cli
 
 COUNT = 10
 EXPORT_FIELDS = {
@@ -51,17 +49,6 @@ def calculator(start_fleet: StartFleet, sink: Path) -> Iterator[tuple[FleetUnder
         handle.wait_status(rollout_id, {"success"})
     yield handle, ids
     handle.close()
-
-
-def fleet_cli(handle: FleetUnderTest, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        fleet_command(*args),
-        env=handle.fleet.process_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_one_rollout_by_id_over_http_and_the_cli(
@@ -156,15 +143,6 @@ def check_trajectory(line: dict[str, Any], calls: list[dict[str, Any]]) -> None:
         assert len(turn["logprobs"]) == len(turn["token_ids"])
         assert turn["usage"]["total_tokens"] > 0
         assert call["body"]["rollout_id"] == line["rollout_id"]
-
-
-def exported(handle: FleetUnderTest, tmp_path: Path) -> tuple[dict[str, dict[str, Any]], str]:
-    """What ``rollout-fleet export -o FILE`` wrote: its lines by rollout id, and its text."""
-    out = tmp_path / "trajectories.jsonl"
-    done = fleet_cli(handle, "export", "-o", str(out))
-    assert done.returncode == 0, done.stderr
-    text = out.read_text()
-    return {line["rollout_id"]: line for line in map(json.loads, text.splitlines())}, text
 
 
 def test_export_writes_one_line_per_finished_rollout(

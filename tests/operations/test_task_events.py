@@ -8,55 +8,16 @@ as its argument, succeeded — and the publishes must be far fewer than the even
 
 from __future__ import annotations
 
-import base64
-import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from celery.events.state import State
 
 from tests.conftest import v2_fleet
-from tests.harness import V2FleetUnderTest
+from tests.harness import EventChannel, V2FleetUnderTest
 
 fleet = v2_fleet(gateways=1, workers=1)
 ROLLOUTS = 40
-
-
-class EventChannel:
-    """Every task-event message the fleet's Redis carries while inside, as published."""
-
-    def __init__(self, fleet: V2FleetUnderTest) -> None:
-        self._pubsub = fleet.redis.pubsub()  # type: ignore[no-untyped-call]
-        self._pubsub.psubscribe("/*.celeryev/task.*")
-        self.messages: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._listen, daemon=True)
-
-    def __enter__(self) -> EventChannel:
-        self._thread.start()
-        return self
-
-    def _listen(self) -> None:
-        while not self._stop.is_set():
-            message = self._pubsub.get_message(timeout=0.1)
-            if message and message["type"] == "pmessage":
-                self.messages.append(json.loads(message["data"]))
-
-    def __exit__(self, *_: Any) -> None:
-        time.sleep(1.0)  # a flush period and more: the last events are out
-        self._stop.set()
-        self._thread.join()
-        self._pubsub.close()
-
-    def events(self) -> list[dict[str, Any]]:
-        """The events, unpacked as Celery's receiver unpacks them (a list is a batch)."""
-        unpacked: list[dict[str, Any]] = []
-        for message in self.messages:
-            body = json.loads(base64.b64decode(message["body"]))
-            unpacked.extend(body if isinstance(body, list) else [body])
-        return unpacked
 
 
 def test_every_rollout_shows_succeeded_from_batched_events(fleet: V2FleetUnderTest) -> None:

@@ -16,8 +16,7 @@ import pytest
 
 from rollout_fleet.processes import free_port, port_open, wait_until
 from rollout_fleet.redis_server import RedisServer, redis_server_binary
-from tests.harness import REPO
-from tests.test_readme import quick_start_commands
+from tests.harness import REPO, quick_start_commands
 
 
 def test_the_readme_up_command_serves_the_example_and_stops_on_ctrl_c(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from rollout_fleet.processes import free_port
 from rollout_fleet.redis_server import RedisServer
 from tests.harness import REPO, agent_failing_in_the_gateway
-from tests.operations.test_up_supervised import (
+from tests.operations.harness import (
     assert_all_gone,
     clean_env,
     fleet_args,
