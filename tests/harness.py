@@ -29,6 +29,7 @@ import httpx
 import redis
 from celery import Celery
 
+from rollout_core.store.schema import Keys, Protocol
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_sdk.client import RolloutClient
@@ -204,10 +205,15 @@ class FleetUnderTest:
     def init(self, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
         return self.http.post("/v1/rollout/init", json=body, **kwargs)
 
-    protocol = "v1"
+    protocol: Protocol = "v1"
+
+    @property
+    def keys(self) -> Keys:
+        """The fleet's key names."""
+        return Keys(self.prefix)
 
     def record_key(self, key: str) -> str:
-        return f"{self.prefix}:{self.protocol}:{key}"
+        return self.keys.record(self.protocol, key)
 
     def record(self, key: str) -> dict[str, str]:
         return self.redis.hgetall(self.record_key(key))  # type: ignore[return-value]
@@ -284,7 +290,7 @@ def v2_body(trainer_url: str, rollout_id: str | None = None, **fields: Any) -> d
 class V2FleetUnderTest(FleetUnderTest):
     """A v2 fleet: admissions go to the first gateway, polls to the last one."""
 
-    protocol = "v2"
+    protocol: Protocol = "v2"
     poller: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ class Changes(Subscription):
     """Every message on the fleet's change channel while inside."""
 
     def __init__(self, fleet: V2FleetUnderTest) -> None:
-        super().__init__(fleet, f"{fleet.prefix}:changes")
+        super().__init__(fleet, fleet.keys.changes)
 
     def of(self, record: str) -> list[str]:
         """The statuses published for ``record``, in order."""
@@ -114,6 +114,6 @@ def test_a_change_older_than_what_the_poll_saw_is_not_its_answer(
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(fleet.poll, rollout_id, token)
         time.sleep(0.5)  # the poll is waiting
-        fleet.redis.publish(f"{fleet.prefix}:changes", f"queued {record}")
+        fleet.redis.publish(fleet.keys.changes, f"queued {record}")
         status = answer.result(timeout=30).json()["status"]
     assert status == "running"

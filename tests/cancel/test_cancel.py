@@ -67,7 +67,7 @@ def test_a_missed_stop_message_still_stops_the_rollout(start_fleet: StartFleet) 
     body = v2_body(handle.trainer.url, rollout_id, metadata=script({"sleep": 8}))
     response = handle.http.post("/rollout", json=body)
     assert response.status_code == 202, response.text
-    key = f"{handle.prefix}:v2:{rollout_id}"
+    key = handle.keys.record("v2", rollout_id)
     deadline = time.monotonic() + 20
     while handle.redis.hget(key, "status") != "running" and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -34,7 +34,7 @@ def test_a_rollout_of_the_other_generation_ends_with_its_trainer_told(
         assert callback["status"] == "ERROR"
         assert "speaks v2" in callback["error_message"]
         assert record["attempt"] == "1"
-        assert not v1.redis.zscore(f"{v1.prefix}:leases", v1.record_key(rollout_id))
+        assert not v1.redis.zscore(v1.keys.leases, v1.record_key(rollout_id))
     finally:
         v2.stop()
 

@@ -42,7 +42,7 @@ def sandbox_env(engine: docker.DockerClient, docker_config: Path) -> dict[str, s
 
 def fleet_label(fleet: V2FleetUnderTest) -> str:
     """``label=value`` of the fleet's sandboxes: its key prefix and deployment id."""
-    deployment = fleet.redis.get(f"{fleet.prefix}:deployment")
+    deployment = fleet.redis.get(fleet.keys.deployment)
     assert deployment, "the workers keep the fleet's deployment id"
     return f"{FLEET_LABEL}={fleet.prefix}@{deployment}"
 

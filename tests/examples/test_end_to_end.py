@@ -61,7 +61,7 @@ def test_records_expire_on_schedule(calculator: FleetUnderTest) -> None:
     while calculator.redis.exists(*keys) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert calculator.redis.exists(*keys) == 0
-    assert list(calculator.redis.scan_iter(f"{calculator.prefix}:v1:*")) == []
+    assert list(calculator.redis.scan_iter(f"{calculator.keys.records_of('v1')}*")) == []
     assert calculator.http.get("/health").json()["completed_rollouts"] == 0
-    assert calculator.redis.zcard(f"{calculator.prefix}:active") == 0
-    assert calculator.redis.zcard(f"{calculator.prefix}:leases") == 0
+    assert calculator.redis.zcard(calculator.keys.active) == 0
+    assert calculator.redis.zcard(calculator.keys.leases) == 0

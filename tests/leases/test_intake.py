@@ -21,7 +21,7 @@ def test_a_worker_holds_only_the_messages_it_runs(narrow: V2FleetUnderTest) -> N
     Celery's consumer kept consuming the queue, it would have taken its own prefetch."""
     admitted = [narrow.admitted(metadata={"script": [{"sleep": 3}]}) for _ in range(6)]
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and narrow.redis.zcard(f"{narrow.prefix}:leases") < 2:
+    while time.monotonic() < deadline and narrow.redis.zcard(narrow.keys.leases) < 2:
         time.sleep(0.05)
     time.sleep(1.0)  # long enough for any other consumer to take messages
     statuses = [narrow.record(rollout_id)["status"] for rollout_id, _ in admitted]

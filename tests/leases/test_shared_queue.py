@@ -10,7 +10,7 @@ import os
 import subprocess
 import time
 
-from rollout_core.store.schema import UNACKED, UNACKED_INDEX
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX, Keys
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import free_port, wait_until
 from tests.conftest import TEST_ENV, StartFleet
@@ -64,7 +64,7 @@ def test_a_worker_puts_back_another_fleets_message_and_ready_names_the_shared_qu
     try:
         worker = fleet_a.processes["worker-1"]
         wait_until(lambda: "put back another fleet's rollout" in worker.output(), 30, "put back")
-        assert f"fb:v1:{rollout_id}" in worker.output()
+        assert Keys("fb").record("v1", rollout_id) in worker.output()
         time.sleep(2)
         assert fleet_b.record(rollout_id)["status"] == "queued"
         assert fleet_b.redis.llen(QUEUE) == 1

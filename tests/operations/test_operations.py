@@ -101,7 +101,7 @@ def test_a_v1_rollout_admitted_with_an_idempotency_key_is_found_by_either_id(
     shown = fleet_cli(handle, "status", done["rollout_id"], "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["status"] == "success"
-    alias = f"{handle.prefix}:v1-id:{done['rollout_id']}"
+    alias = handle.keys.v1_alias(done["rollout_id"])
     assert handle.redis.get(alias) == handle.record_key("key-of-done")
     assert (
         abs(handle.redis.pttl(alias) - handle.redis.pttl(handle.record_key("key-of-done"))) < 1000

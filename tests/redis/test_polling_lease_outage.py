@@ -26,6 +26,7 @@ import httpx
 import pytest
 import redis
 
+from rollout_core.store.schema import Keys
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
 from tests.conftest import TEST_ENV, V2_ENV
@@ -146,7 +147,7 @@ def test_154_a_trainer_polling_through_a_redis_outage_gets_its_real_results(
         assert final["sample"]["reward"] == 1.0, final
         assert final["sample"]["messages"][-1]["role"] == "assistant", final
     with redis.Redis.from_url(server.url, decode_responses=True) as store:
-        key = f"{fleet.key_prefix}:v2:{unpolled}"
+        key = Keys(fleet.key_prefix).record("v2", unpolled)
         deadline = time.monotonic() + POLLING_LEASE + 4 * SWEEP + 10
         while store.hget(key, "status") not in TERMINAL:
             assert time.monotonic() < deadline, store.hgetall(key)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import redis
 
+from rollout_core.store.schema import Keys
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.processes import wait_until
 from rollout_fleet.redis_server import RedisServer
@@ -98,7 +99,7 @@ def running(fleet: LocalFleet, server: RedisServer, label: str, seconds: float) 
         body = v1_body(fleet.mock_trainer_url, rollout_id, metadata=script({"sleep": seconds}))
         response = httpx.post(f"{fleet.gateway_url}/v1/rollout/init", json=body)
         assert response.status_code == 202, response.text
-    records = [f"{fleet.key_prefix}:v1:{i}" for i in ids]
+    records = [Keys(fleet.key_prefix).record("v1", i) for i in ids]
     wait_statuses(server, records, "running", 30)
     return records
 

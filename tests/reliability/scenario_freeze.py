@@ -28,6 +28,7 @@ from typing import Any
 
 import redis
 
+from rollout_core.store.schema import Keys
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
 from tests.chaos.harness import Trainer
@@ -39,7 +40,7 @@ TERMINAL = {"success", "failure", "cancelled"}
 def _holdings(fleet: LocalFleet, store: Any) -> dict[str, list[str]]:
     """Each worker's held rollouts' statuses."""
     held: dict[str, list[str]] = {n: [] for n in fleet.processes if n.startswith("worker")}
-    for record in store.zrange(f"{fleet.key_prefix}:leases", 0, -1):
+    for record in store.zrange(Keys(fleet.key_prefix).leases, 0, -1):
         execution, status = store.hmget(record, "execution", "status")
         for name, statuses in held.items():
             if f":{fleet.processes[name].pid}:" in (execution or ""):
@@ -100,7 +101,7 @@ def run_once(fault: str, seed: int, workdir: Path) -> dict[str, Any]:
         keys = {body["rollout_id"]: body["rollout_id"] for body in bodies}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            statuses = [store.hget(f"{fleet.key_prefix}:v1:{k}", "status") for k in keys]
+            statuses = [store.hget(Keys(fleet.key_prefix).record("v1", k), "status") for k in keys]
             if all(s in TERMINAL for s in statuses):
                 break
             time.sleep(0.5)
@@ -137,7 +138,7 @@ def _judge(
     repeats, not_identical, wrong_key, after_resume = 0, 0, 0, 0
     offsets: list[list[float]] = []
     for rollout_id, received in by_id.items():
-        token = store.hget(f"{prefix}:v1:{keys[rollout_id]}", "admit_token")
+        token = store.hget(Keys(prefix).record("v1", keys[rollout_id]), "admit_token")
         header = {
             {k.lower(): v for k, v in c["headers"].items()}.get("idempotency-key") for c in received
         }
