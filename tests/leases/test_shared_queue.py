@@ -10,6 +10,9 @@ import os
 import subprocess
 import time
 
+import httpx
+import redis
+
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX, Keys
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import free_port, wait_until
@@ -105,34 +108,51 @@ def test_a_process_of_a_fleet_on_another_queue_refuses_to_start(start_fleet: Sta
     assert first.http.get("/ready").status_code == 200  # the fleet itself is untouched
 
 
-def test_a_sweeper_leaves_another_fleets_taken_messages_alone(
+def taken_and_lost(store: redis.Redis, queue: str, tag: str) -> None:
+    """A worker takes the oldest message of ``queue`` (kombu records it as taken, a minute
+    ago) and dies before starting its rollout."""
+    message = store.rpop(queue)
+    assert isinstance(message, str)
+    store.hset(UNACKED, tag, json.dumps([json.loads(message), "", queue]))
+    store.zadd(UNACKED_INDEX, {tag: time.time() - 60})
+
+
+def test_a_sweeper_puts_back_its_own_fleets_taken_messages_and_leaves_another_fleets_alone(
     start_fleet: StartFleet,
 ) -> None:
     """Two fleets on one Redis database, with their own prefixes and queues, share kombu's
-    taken set. A message fleet B's worker took and never started (it died) must go back to
-    B's queue, by B: before, fleet A's sweeper moved it into A's queue."""
+    taken set, and each has a message there that a worker of its own took and never started.
+    Fleet A's sweeper puts A's back in A's queue (its rollout then runs: nothing else would
+    put it back) and leaves B's alone: it must go back to B's queue, by B (which runs no
+    worker here, so no sweeper). Before, fleet A's sweeper moved it into A's queue."""
     fleet_b = start_fleet(
         workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fb", "ROLLOUT_FLEET_QUEUE": "qb"}
     )
-    rollout_id = new_id("fleet-b")
-    assert fleet_b.init(fleet_b.body(rollout_id)).status_code == 202
-    message = fleet_b.redis.rpop("qb")  # a B worker takes it, then dies before starting it
-    assert isinstance(message, str)
-    entry = json.dumps([json.loads(message), "", "qb"])
-    fleet_b.redis.hset(UNACKED, "tag-b", entry)
-    fleet_b.redis.zadd(UNACKED_INDEX, {"tag-b": time.time() - 60})
+    in_b = new_id("fleet-b")
+    assert fleet_b.init(fleet_b.body(in_b)).status_code == 202
+    taken_and_lost(fleet_b.redis, "qb", "tag-b")
     env = {"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": "qa"}
     fleet_a = LocalFleet(
         agent=SCRIPTED_AGENT,
         redis_url=fleet_b.fleet.redis_url,
-        workers=1,
+        workers=0,
         env={**TEST_ENV, **env},
         log_dir=fleet_b.fleet.log_dir / "fleet-a",
     ).start()
     try:
-        time.sleep(4 * float(TEST_ENV["ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS"]) + 2)
-        assert fleet_b.redis.llen("qa") == 0
+        in_a = new_id("fleet-a")
+        admitted = httpx.post(
+            f"{fleet_a.gateway_url}/v1/rollout/init", json=fleet_b.body(in_a), timeout=30
+        )
+        assert admitted.status_code == 202, admitted.text
+        taken_and_lost(fleet_b.redis, "qa", "tag-a")
+        fleet_a.start_worker(1)  # and with it, fleet A's sweeper
+        (callback,) = fleet_b.wait_delivered([in_a], timeout=30)[in_a]
+        assert callback["status"] == "COMPLETED"
+        assert not fleet_b.redis.hexists(UNACKED, "tag-a")
+        time.sleep(2 * float(TEST_ENV["ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS"]) + 1)  # more sweeps
         assert fleet_b.redis.hexists(UNACKED, "tag-b")
-        assert fleet_b.record(rollout_id)["status"] == "queued"
+        assert fleet_b.record(in_b)["status"] == "queued"
+        assert fleet_b.redis.llen("qa") == 0
     finally:
         fleet_a.stop()
