@@ -4,11 +4,15 @@ and a handle on a running fleet (its gateway, its Redis database, its process lo
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,7 +27,9 @@ from urllib.parse import quote
 
 import httpx
 import redis
+from celery import Celery
 
+from rollout_core.store.schema import Keys, Protocol
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
 from rollout_sdk.client import RolloutClient
@@ -33,6 +39,7 @@ SCRIPTED_AGENT = f"{REPO / 'tests/agents/scripted_v1.py'}:agent_loop"
 SCRIPTED_V2_AGENT = str(REPO / "tests/agents/scripted_v2.py")  # found by discovery
 CALCULATOR_AGENT = f"{REPO / 'examples/calculator/server.py'}:agent_loop"
 CALCULATOR_DATASET = REPO / "examples/calculator/test_data.jsonl"
+STRANDS_AGENT = str(REPO / "examples/strands_multiply/main.py")
 
 
 def agent_failing_in_the_gateway(folder: Path) -> Path:
@@ -198,10 +205,15 @@ class FleetUnderTest:
     def init(self, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
         return self.http.post("/v1/rollout/init", json=body, **kwargs)
 
-    protocol = "v1"
+    protocol: Protocol = "v1"
+
+    @property
+    def keys(self) -> Keys:
+        """The fleet's key names."""
+        return Keys(self.prefix)
 
     def record_key(self, key: str) -> str:
-        return f"{self.prefix}:{self.protocol}:{key}"
+        return self.keys.record(self.protocol, key)
 
     def record(self, key: str) -> dict[str, str]:
         return self.redis.hgetall(self.record_key(key))  # type: ignore[return-value]
@@ -231,6 +243,14 @@ class FleetUnderTest:
             time.sleep(0.05)
         raise AssertionError(f"{key} never reached {statuses}: {self.record(key)}\n{self.logs()}")
 
+    def revoke(self, rollout_id: str) -> None:
+        """What Flower's Revoke button sends: a Celery revoke of the rollout's task."""
+        app = Celery(broker=self.fleet.redis_url)
+        try:
+            app.control.revoke(self.record(rollout_id)["task"])
+        finally:
+            app.close()
+
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(
             f"--- {name} ---\n{process.output()[-tail:]}"
@@ -241,6 +261,12 @@ class FleetUnderTest:
         self.fleet.stop()
         self.http.close()
         self.redis.close()
+
+
+def admit_v1(handle: FleetUnderTest, rollout_id: str, **fields: object) -> None:
+    """Admit a v1 rollout with these body fields; the gateway must answer 202."""
+    response = handle.init(handle.body(rollout_id, **fields))
+    assert response.status_code == 202, response.text
 
 
 LEASE_HEADER = "X-Osmosis-Rollout-Lease"
@@ -264,7 +290,7 @@ def v2_body(trainer_url: str, rollout_id: str | None = None, **fields: Any) -> d
 class V2FleetUnderTest(FleetUnderTest):
     """A v2 fleet: admissions go to the first gateway, polls to the last one."""
 
-    protocol = "v2"
+    protocol: Protocol = "v2"
     poller: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
@@ -487,3 +513,119 @@ def start_mock_trainer(responder: str, log_dir: Path) -> tuple[ManagedProcess, M
     ).start()
     wait_until(lambda: port_open(port), 30, "the mock TrainGate")
     return process, MockTrainGateClient(f"http://127.0.0.1:{port}")
+
+
+def fleet_cli(handle: FleetUnderTest, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        fleet_command(*args),
+        env=handle.fleet.process_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def exported(handle: FleetUnderTest, tmp_path: Path) -> tuple[dict[str, dict[str, Any]], str]:
+    """What ``rollout-fleet export -o FILE`` wrote: its lines by rollout id, and its text."""
+    out = tmp_path / "trajectories.jsonl"
+    done = fleet_cli(handle, "export", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    return {line["rollout_id"]: line for line in map(json.loads, text.splitlines())}, text
+
+
+def all_logs(handle: FleetUnderTest) -> str:
+    return "\n".join(process.output() for process in handle.fleet.processes.values())
+
+
+def quick_start_commands() -> list[str]:
+    """The README's quick-start commands, in order."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.+?)\n```", section)
+
+
+def run_point(
+    point: str, scale: str, timeout: float = 240
+) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+    """Run one bench point at ``scale``: the finished process and its JSON figure lines."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", point, "--scale", scale],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+class Subscription:
+    """Every message the fleet's Redis publishes on ``channel`` (a pattern if ``pattern``)
+    while inside, as published; ``settle`` seconds at the end let the last ones arrive."""
+
+    def __init__(
+        self, fleet: FleetUnderTest, channel: str, *, pattern: bool = False, settle: float = 0.3
+    ) -> None:
+        self._pubsub = fleet.redis.pubsub()  # type: ignore[no-untyped-call]
+        if pattern:
+            self._pubsub.psubscribe(channel)
+        else:
+            self._pubsub.subscribe(channel)
+        self.settle = settle
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+
+    def __enter__(self) -> Subscription:
+        self._thread.start()
+        return self
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            message = self._pubsub.get_message(timeout=0.1)
+            if message and message["type"] in {"message", "pmessage"}:
+                data = message["data"]
+                self.messages.append(data.decode() if isinstance(data, bytes) else str(data))
+
+    def __exit__(self, *_: Any) -> None:
+        time.sleep(self.settle)
+        self._stop.set()
+        self._thread.join()
+        self._pubsub.close()
+
+
+class EventChannel(Subscription):
+    """Every task-event message the fleet's Redis carries while inside."""
+
+    def __init__(self, fleet: FleetUnderTest) -> None:
+        # A flush period and more at the end: the last events are out.
+        super().__init__(fleet, "/*.celeryev/task.*", pattern=True, settle=1.0)
+
+    def events(self) -> list[dict[str, Any]]:
+        """The events, unpacked as Celery's receiver unpacks them (a list is a batch)."""
+        unpacked: list[dict[str, Any]] = []
+        for message in self.messages:
+            body = json.loads(base64.b64decode(json.loads(message)["body"]))
+            unpacked.extend(body if isinstance(body, list) else [body])
+        return unpacked
+
+
+def run_process(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a fleet command to its end from the repository, its output captured."""
+    return subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], line: str) -> None:
+    """A refusal: a non-zero exit, no traceback, and ``line`` said once, at the end of its
+    output line (after a log line's time and level, if any)."""
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "Traceback" not in output
+    saying = [said for said in output.splitlines() if line in said]
+    assert len(saying) == 1, output
+    assert saying[0].endswith(line), output

@@ -4,28 +4,7 @@ and a line per target. A tiny scale: this checks the machinery, not the figures.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from typing import Any
-
-from tests.harness import REPO
-
-
-def run_point(
-    point: str, scale: str, timeout: float = 240
-) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
-    """Run one bench point at ``scale``: the finished process and its JSON figure lines."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", point, "--scale", scale],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+from tests.harness import run_point
 
 
 def test_a_tiny_dispatch_point_reports_fleet_baseline_and_target() -> None:

@@ -19,7 +19,7 @@ from rollout_core.queue.envelope import (
     record_of_delivery,
     task_message,
 )
-from rollout_core.store.schema import UNACKED, UNACKED_INDEX
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX, Keys
 from rollout_fleet.redis_server import RedisServer
 
 # Per-message values, plus two properties send_task adds only because it copies its
@@ -48,7 +48,7 @@ def test_our_envelope_matches_what_send_task_publishes(redis_server: RedisServer
     url = redis_server.url_for(1000)
     app = Celery("contract", broker=url)
     app.conf.update(task_serializer="json", accept_content=["json"])
-    record = "rf:v1:rollout-42"
+    record = Keys("rf").record("v1", "rollout-42")
     task_id = new_task_id()
     app.send_task(
         TASK_NAME,
@@ -72,11 +72,11 @@ def test_our_envelope_matches_what_send_task_publishes(redis_server: RedisServer
 
 
 def test_every_message_has_a_task_id_of_its_own_and_url_safe() -> None:
-    """Finding 14: a revoked id stays revoked for hours; a later message of the same rollout
+    """A revoked id stays revoked for hours; a later message of the same rollout
     id (a re-admission) must not carry it."""
     app = Celery("ids")
-    ids = {json.loads(task_message(app, "rf:v1:a/b c", "a/b c", "q"))["headers"]["id"]}
-    ids.add(json.loads(task_message(app, "rf:v1:a/b c", "a/b c", "q"))["headers"]["id"])
+    record = Keys("rf").record("v1", "a/b c")
+    ids = {json.loads(task_message(app, record, "a/b c", "q"))["headers"]["id"] for _ in range(2)}
     assert len(ids) == 2
     assert all(c in "0123456789abcdef-" for c in "".join(ids))
 
@@ -88,7 +88,7 @@ def test_a_taken_message_kombu_holds_unacked_names_its_record(redis_server: Redi
     app = Celery("contract", broker=url)
     client = redis.Redis.from_url(url, decode_responses=True)
     client.flushdb()
-    record = "rf:v2:rollout-7"
+    record = Keys("rf").record("v2", "rollout-7")
     client.lpush("taken-q", task_message(app, record, "rollout-7", "taken-q"))
     options = {"unacked_key": UNACKED, "unacked_index_key": UNACKED_INDEX}
     try:

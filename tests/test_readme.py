@@ -1,19 +1,12 @@
 """The README stays true: its configuration table covers every fleet setting, and it keeps
-exactly two quick-start commands (the `up` one is run by tests/integration/test_up_command)."""
+exactly two quick-start commands (the `up` one is run by tests/operations/test_up_command)."""
 
 from __future__ import annotations
 
-import re
-
 from rollout_core.settings import FleetSettings
-from tests.harness import REPO
+from tests.harness import REPO, quick_start_commands
 
 README = (REPO / "README.md").read_text()
-
-
-def quick_start_commands() -> list[str]:
-    section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```bash\n(.+?)\n```", section)
 
 
 def test_two_quick_start_commands() -> None:

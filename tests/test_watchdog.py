@@ -12,8 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from rollout_core.settings import FleetSettings
+from rollout_core.store.schema import Keys
 from rollout_worker.loop import LoopThread
 from rollout_worker.watchdog import LoopWatchdog, Stall, TaskLineage
+
+STUCK = Keys("rf").record("v2", "stuck")
 
 
 @pytest.fixture
@@ -63,8 +66,8 @@ def test_a_blocking_helper_task_is_blamed_on_its_rollout(loop_thread: LoopThread
         await asyncio.create_task(helper())
 
     async def start() -> None:
-        roots["rf:v2:stuck"] = asyncio.create_task(rollout())
-        roots["rf:v2:innocent"] = asyncio.create_task(asyncio.sleep(10))
+        roots[STUCK] = asyncio.create_task(rollout())
+        roots[Keys("rf").record("v2", "innocent")] = asyncio.create_task(asyncio.sleep(10))
 
     loop_thread.run(start())
     watchdog.start()
@@ -73,7 +76,7 @@ def test_a_blocking_helper_task_is_blamed_on_its_rollout(loop_thread: LoopThread
     for task in roots.values():
         loop_thread.loop.call_soon_threadsafe(task.cancel)
     (stall,) = stalls
-    assert stall.key == "rf:v2:stuck"
+    assert stall.key == STUCK
     assert stall.seconds >= 1.0
     assert "blocking_agent_step" in stall.stack
 

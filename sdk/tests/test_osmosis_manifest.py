@@ -1,5 +1,5 @@
 """Every public name of upstream ``osmosis-ai`` (v1 0.2.17 and v2 0.3.8) imports through the
-``osmosis_ai`` alias from the module path upstream exports it from (issue 15).
+``osmosis_ai`` alias from the module path upstream exports it from.
 
 A name either resolves, or (platform-only names we decided not to provide) raises an
 ``ImportError`` that says why and points at ``docs/COMPATIBILITY.md``.

@@ -1,4 +1,4 @@
-"""Issue 15 item 4: each chat call's token ids and logprobs, read by the SDK's transport from
+"""Each chat call's token ids and logprobs, read by the SDK's transport from
 the TrainGate's answers (JSON and SSE) while a rollout records its turns."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Errors users handle by type and key phrase are upstream's (issue 15, Build point 2): the
+"""Errors users handle by type and key phrase are upstream's: the
 type is the same and our message contains upstream's phrase."""
 
 from __future__ import annotations

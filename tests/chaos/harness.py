@@ -47,7 +47,7 @@ LEASE_HEADER = "X-Osmosis-Rollout-Lease"
 TERMINAL = {"success", "failure", "cancelled"}
 FIGURES = REPO / "test-output" / "chaos"
 
-# Fast recovery knobs (production ones are measured in tests/integration/test_worker_crash).
+# Fast recovery knobs (production ones are measured in tests/leases/test_worker_crash).
 CHAOS_ENV = {
     "OSMOSIS_ROLLOUT_CLIENT_RETRY_BASE_DELAY": "0.2",
     "OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY": "1",

@@ -2,7 +2,7 @@
 
 kombu's ack emulation hands a message out again once it has been taken for longer than the
 visibility timeout, while its rollout still runs; the lease turned every such redelivery
-away. Since issue 17 workers keep the messages they take in memory only (no ``unacked``
+away. Workers keep the messages they take in memory only (no ``unacked``
 copy in Redis: ``rollout_core/queue/broker.py``), so nothing is handed out again at all."""
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from rollout_core.store.schema import Keys
 from tests.chaos.conftest import StartChaos
 from tests.chaos.harness import Trainer, audit, chaos_bodies, record_figures
 
@@ -33,7 +34,7 @@ def test_a_redis_restart_mid_run_loses_nothing_admitted(start_chaos: StartChaos)
     bodies = chaos_bodies(chaos.protocol, chaos.trainer.url, ROLLOUTS, seconds=(1, 4))
     trainer = Trainer(chaos.protocol, chaos.fleet.gateway_urls, bodies).start()
     time.sleep(2)
-    queued_before = chaos.redis().zcard(f"{chaos.fleet.key_prefix}:active")
+    queued_before = chaos.redis().zcard(Keys(chaos.fleet.key_prefix).active)
     chaos.redis_server.stop()  # SIGTERM: Redis flushes its AOF and exits
     time.sleep(2)
     chaos.redis_server.start()

@@ -226,7 +226,7 @@ def test_15_tool_without_description_is_accepted_with_empty_description(
 
 
 def test_concurrent_duplicates_run_once_and_replay_one_body(fleet: FleetUnderTest) -> None:
-    """Issue acceptance: the same rollout_id sent ×10 at once — one run, one body."""
+    """The same rollout_id sent ×10 at once — one run, one body."""
     body = fleet.body(metadata=script({"chat": {}}, {"sleep": 0.5}, {"complete": {}}))
     with ThreadPoolExecutor(10) as pool:
         responses = list(pool.map(lambda _: fleet.init(body), range(10)))

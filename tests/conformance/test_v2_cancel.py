@@ -1,4 +1,4 @@
-"""CONFORMANCE §M — ``POST /rollout/cancel`` (P§2.5), plus the issue's acceptance: running
+"""CONFORMANCE §M — ``POST /rollout/cancel`` (P§2.5), plus: running
 rollouts stop within 1 s, no worker process restarts, other rollouts are unaffected."""
 
 from __future__ import annotations

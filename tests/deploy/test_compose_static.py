@@ -1,4 +1,4 @@
-"""Issue acceptance (deployment, static): the compose file passes the Compose v2 CLI's
+"""Deployment, static: the compose file passes the Compose v2 CLI's
 ``config`` check and the compose-spec schema, both Dockerfiles pass hadolint, and the
 rendered configuration keeps the properties the deployment depends on."""
 
@@ -26,7 +26,7 @@ DOCKERFILES = ("Dockerfile.gateway", "Dockerfile.worker")
 REQUIRED = {
     "REDIS_PASSWORD": "pw0123456789",
     "FLOWER_BASIC_AUTH": "admin:secret",
-    "ROLLOUT_FLEET_API_KEY": "server-key-0123",  # finding 18: open by default no more
+    "ROLLOUT_FLEET_API_KEY": "server-key-0123",  # the gateway refuses to run open by default
 }
 
 
@@ -146,10 +146,10 @@ def test_flower_runs_from_the_worker_image_behind_a_login(services: dict[str, An
     assert "--purge-offline-workers" in flower["command"]
 
 
-def test_f20_flower_and_worker_metrics_are_not_on_every_interface(
+def test_flower_and_worker_metrics_are_not_on_every_interface(
     services: dict[str, Any],
 ) -> None:
-    """Issue 14, finding 20: Flower speaks plain HTTP, so compose publishes it on the host's
+    """Flower speaks plain HTTP, so compose publishes it on the host's
     loopback only; worker metrics listen on the compose network, never published."""
     (flower_port,) = services["flower"]["ports"]
     assert flower_port["host_ip"] == "127.0.0.1"

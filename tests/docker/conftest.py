@@ -17,6 +17,7 @@ import pytest
 
 from bench.sandboxes import docker_host
 from tests.docker.stack import (
+    COMPOSE_PLUGIN,
     Stack,
     compose_project,
     connect,
@@ -88,3 +89,12 @@ def stack(
         engine, folder, name, readme_compose_commands(), stack_settings
     ) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def docker_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Docker client config whose CLI has the compose plugin (Harbor runs `docker compose`)."""
+    config = tmp_path_factory.mktemp("docker-config")
+    (config / "cli-plugins").mkdir()
+    (config / "cli-plugins" / "docker-compose").symlink_to(COMPOSE_PLUGIN)
+    return config

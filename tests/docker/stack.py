@@ -39,6 +39,7 @@ from cryptography.fernet import Fernet
 from docker.models.containers import Container
 
 from bench.sandboxes import ENGINE_SCRIPT, docker_host
+from rollout_core.store.schema import Keys
 from rollout_fleet.processes import free_port
 from tests.harness import REPO, MockTrainGateClient
 
@@ -394,7 +395,7 @@ class Stack:
         store = self.redis()
         pipeline = store.pipeline(transaction=False)
         for rollout_id in rollout_ids:
-            pipeline.hgetall(f"rf:{protocol}:{rollout_id}")
+            pipeline.hgetall(Keys("rf").record(protocol, rollout_id))
         found = pipeline.execute()
         store.close()
         hosts = {str(c.id)[:12]: str(c.name) for c in self.containers("worker", all=True)}

@@ -10,7 +10,7 @@ import docker
 from bench.sandboxes import PHASES
 from bench.upstream import NAME as UPSTREAM
 from bench.upstream import python_312
-from tests.test_bench import run_point
+from tests.harness import run_point
 
 
 def test_the_sandboxes_point_reports_fleet_and_upstream_trials_with_their_phases(

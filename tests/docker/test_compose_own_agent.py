@@ -1,4 +1,4 @@
-"""Issue 16: a user's own agent, in a folder of theirs outside the checkout, that imports a
+"""A user's own agent, in a folder of theirs outside the checkout, that imports a
 package the images lack. The README's recipe builds an image on each of the fleet's with
 that package, and compose runs them with the folder mounted read-only, as uid 10001."""
 

@@ -23,6 +23,8 @@ import docker
 import pytest
 
 from bench.sandboxes import write_oracle_rollout
+from rollout_core.store.schema import Keys
+from tests.docker.sandboxes import FLEET_LABEL, none_left
 from tests.docker.stack import (
     Stack,
     code_blocks,
@@ -31,7 +33,6 @@ from tests.docker.stack import (
     readme_section,
     shell_commands,
 )
-from tests.docker.test_sandboxes import FLEET_LABEL, none_left
 from tests.harness import LEASE_HEADER, TERMINAL, v2_body
 
 HEADING = "### Sandboxed rollouts with Docker Compose"
@@ -175,6 +176,6 @@ def test_sandboxed_rollouts_through_the_gateway_succeed_and_leave_no_sandbox(
     # trial's folder is gone with its sandbox.
     assert list(sandbox_dir.glob("tasks/*/multiply_task/task.toml"))
     assert not list((sandbox_dir / "trials").iterdir())
-    deployment = stack.redis().get("rf:deployment")
+    deployment = stack.redis().get(Keys("rf").deployment)
     assert deployment
     assert none_left(engine, f"{FLEET_LABEL}=rf@{deployment}", within=5) < 5

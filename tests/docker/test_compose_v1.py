@@ -1,4 +1,4 @@
-"""Issue 16: the compose stack as a user starts it — the README's commands in a fresh
+"""The compose stack as a user starts it — the README's commands in a fresh
 checkout, both images built from the Dockerfiles unmodified through ``docker compose``, the
 repository's ``docker-compose.yml`` unmodified — serving the bundled calculator agent (v1),
 then scaled, faulted at the container level, and removed.

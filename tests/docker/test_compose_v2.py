@@ -1,4 +1,4 @@
-"""Issue 16: the compose stack serving the bundled Strands example (v2), named in ``.env``
+"""The compose stack serving the bundled Strands example (v2), named in ``.env``
 exactly as ``.env.example``'s v2 line suggests, runs v2 rollouts through the published
 gateway port with one terminal result each, behind the server key."""
 

@@ -26,11 +26,9 @@ import pytest
 from rollout_fleet.local import fleet_command
 from rollout_sdk.evaluation.results import RESULTS_FILE
 from tests.docker.harbor_folders import write_template_workspace
+from tests.docker.sandboxes import ROLLOUT_LABEL, host_address
 from tests.docker.stack import docker_host
-from tests.docker.test_sandboxes import ROLLOUT_LABEL, docker_config, host_address
 from tests.harness import REPO, MockTrainGateClient
-
-__all__ = ["docker_config"]  # the fixture, shared with the sandbox tests
 
 QUESTIONS = [("12 * 8", "96"), ("7 * 6", "42"), ("13 * 11", "143"), ("9 * 9", "80")]
 REWARDS = [1.0, 1.0, 1.0, 0.0]  # 9 * 9 is 81: the last row's ground truth is wrong

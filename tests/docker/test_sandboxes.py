@@ -30,21 +30,9 @@ from rollout_fleet.processes import free_port, wait_until
 from rollout_fleet.redis_server import RedisServer
 from tests.conftest import V2_ENV, StartFleet
 from tests.docker.harbor_folders import write_probe_rollout, write_template_rollout
-from tests.docker.stack import COMPOSE_PLUGIN, Trainer, docker_host
-from tests.harness import LEASE_HEADER, V2FleetUnderTest, v2_body
-from tests.integration.test_operations import fleet_cli
-
-FLEET_LABEL = "org.rollout-fleet.fleet"
-ROLLOUT_LABEL = "org.rollout-fleet.rollout"
-
-
-@pytest.fixture(scope="module")
-def docker_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Docker client config whose CLI has the compose plugin (Harbor runs `docker compose`)."""
-    config = tmp_path_factory.mktemp("docker-config")
-    (config / "cli-plugins").mkdir()
-    (config / "cli-plugins" / "docker-compose").symlink_to(COMPOSE_PLUGIN)
-    return config
+from tests.docker.sandboxes import FLEET_LABEL, ROLLOUT_LABEL, host_address, labelled, none_left
+from tests.docker.stack import Trainer, docker_host
+from tests.harness import LEASE_HEADER, V2FleetUnderTest, fleet_cli, v2_body
 
 
 def sandbox_env(engine: docker.DockerClient, docker_config: Path) -> dict[str, str]:
@@ -54,31 +42,9 @@ def sandbox_env(engine: docker.DockerClient, docker_config: Path) -> dict[str, s
 
 def fleet_label(fleet: V2FleetUnderTest) -> str:
     """``label=value`` of the fleet's sandboxes: its key prefix and deployment id."""
-    deployment = fleet.redis.get(f"{fleet.prefix}:deployment")
+    deployment = fleet.redis.get(fleet.keys.deployment)
     assert deployment, "the workers keep the fleet's deployment id"
     return f"{FLEET_LABEL}={fleet.prefix}@{deployment}"
-
-
-def labelled(engine: docker.DockerClient, label: str) -> dict[str, list[str]]:
-    """Names of the containers, networks and volumes with ``label`` (``k=v``)."""
-    filters = {"label": label}
-    return {
-        "containers": [c.name for c in engine.containers.list(all=True, filters=filters)],
-        "networks": [n.name for n in engine.networks.list(filters=filters)],
-        "volumes": [v.name for v in engine.volumes.list(filters=filters)],
-    }
-
-
-def none_left(engine: docker.DockerClient, label: str, within: float) -> float:
-    """Seconds until nothing carries ``label``; fails after ``within``."""
-    started = time.monotonic()
-    while True:
-        found = labelled(engine, label)
-        if not any(found.values()):
-            return time.monotonic() - started
-        if time.monotonic() - started > within:
-            raise AssertionError(f"left behind after {within}s: {found}")
-        time.sleep(0.5)
 
 
 def project_objects(engine: docker.DockerClient, projects: set[str]) -> list[str]:
@@ -228,13 +194,6 @@ def test_a_worker_killed_mid_trial_leaves_no_sandbox_and_every_rollout_ends_once
         print(f"orphaned sandboxes gone {after:.1f}s after the last result (waited {took:.1f}s)")
     finally:
         fleet.close()
-
-
-def host_address() -> str:
-    """This host's address on its default route: how sandboxes reach it (not loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.1", 9))  # UDP: nothing is sent
-        return str(probe.getsockname()[0])
 
 
 def test_the_workspace_template_shaped_folder_runs_workflow_and_grader_in_sandboxes(

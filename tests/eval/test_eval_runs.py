@@ -1,4 +1,4 @@
-"""``eval run`` for real (issue 15): agents answered by the mock TrainGate (a real HTTP server)
+"""``eval run`` for real: agents answered by the mock TrainGate (a real HTTP server)
 whose answers are right, scored against datasets whose ground truths are right on known rows,
 so every figure of ``metrics.json`` is known beforehand. In this process
 (``rollout-sdk eval run``) and on a fleet started for the run (``rollout-fleet eval run``:
@@ -12,8 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +20,19 @@ from typing import Any
 import psutil
 import pytest
 
-from rollout_fleet.local import fleet_command
 from rollout_fleet.processes import wait_until
 from rollout_sdk.evaluation.results import RESULTS_FILE
+from tests.eval.harness import (
+    CALCULATOR,
+    NO_UP_HERE,
+    calculator_rows,
+    eval_command,
+    metrics_of,
+    model_url,
+    results_of,
+    run_eval,
+    stop_half_way,
+)
 from tests.harness import (
     REPO,
     MockTrainGateClient,
@@ -32,66 +40,9 @@ from tests.harness import (
     screenshot_dir,
     start_mock_trainer,
 )
-from tests.integration.test_up_supervised import assert_all_gone, listening_ports
+from tests.operations.harness import assert_all_gone, listening_ports
 
-FIXTURE_ROWS = REPO.parent / "shared" / "fixtures" / "example_calculator_test_data.jsonl"
-CALCULATOR = "examples/calculator/server.py:agent_loop"
-WRONG_ROWS = {1, 3}  # of every five: their ground truth is off by one
 FNS = "tests.eval.scoring_fns"
-
-
-def calculator_rows(path: Path, count: int) -> Path:
-    """``count`` calculator rows (the fixture's five, over and over); rows 1 and 3 of every
-    five carry a wrong ground truth, so the agent's right answer scores 0 there."""
-    if not FIXTURE_ROWS.is_file():
-        pytest.skip(f"the shared fixtures are not here ({FIXTURE_ROWS})")
-    fixture = [json.loads(line) for line in FIXTURE_ROWS.read_text().splitlines()]
-    with path.open("w") as rows:
-        for index in range(count):
-            row = dict(fixture[index % 5])
-            if index % 5 in WRONG_ROWS:
-                row["ground_truth"] = str(int(row["ground_truth"]) + 1)
-            rows.write(json.dumps(row) + "\n")
-    return path
-
-
-# A state directory of this module's own: no ``rollout-fleet up`` another test (or session)
-# runs is taken for a warm fleet.
-NO_UP_HERE = {"XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="eval-state-")}
-
-
-def model_url(mock: MockTrainGateClient) -> str:
-    return f"{mock.url}/v1/rollouts/eval-model"
-
-
-def eval_command(cli: str, *args: str) -> list[str]:
-    if cli == "fleet":
-        return fleet_command("eval", "run", *args)
-    return [sys.executable, "-m", "rollout_sdk.cli", "eval", "run", *args]
-
-
-def run_eval(cli: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    run = subprocess.run(
-        eval_command(cli, *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "200", **NO_UP_HERE},
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    return run
-
-
-def metrics_of(run_dir: Path) -> dict[str, Any]:
-    metrics: dict[str, Any] = json.loads((run_dir / "metrics.json").read_text())
-    return metrics
-
-
-def results_of(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / RESULTS_FILE).read_text().splitlines()
-    return [json.loads(line) for line in lines]
 
 
 @pytest.fixture(scope="module")
@@ -240,27 +191,10 @@ def test_a_run_stopped_half_way_resumes_only_the_rest_with_the_same_figures(
     """Ctrl-C half way keeps what finished; the same command with the same --name runs only
     the items without a result, and ends with the uninterrupted run's figures."""
     runs = tmp_path / "runs"
-    results = runs / "halves" / RESULTS_FILE
-    first = subprocess.Popen(
-        eval_command("fleet", *fleet_args(mock_trainer, fleet_rows, runs, "halves")),
-        cwd=REPO,
-        env={**os.environ, **NO_UP_HERE},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        wait_until(
-            lambda: results.is_file() and len(results.read_text().splitlines()) >= 300,
-            300,
-            "300 results",
-        )
-        first.send_signal(signal.SIGINT)
-        output, _ = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 130, output
+    args = fleet_args(mock_trainer, fleet_rows, runs, "halves")
+    env = {**os.environ, **NO_UP_HERE}
+    output, _, code = stop_half_way("fleet", args, runs / "halves", env, signal.SIGINT, after=300)
+    assert code == 130, output
     assert "; resume with: rollout-fleet eval run " in output
     kept = sum(r["status"] == "success" for r in results_of(runs / "halves"))
     assert 300 <= kept < 1000

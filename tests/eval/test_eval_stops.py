@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html.parser
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -22,40 +21,23 @@ from typing import Any
 import psutil
 import pytest
 
-from rollout_fleet.processes import free_port, wait_until
+from rollout_fleet.processes import free_port
 from rollout_sdk.evaluation.results import RESULTS_FILE
-from tests.eval.test_eval_runs import (
+from tests.eval.harness import (
     CALCULATOR,
     calculator_rows,
-    eval_command,
+    isolated_env,
     metrics_of,
     model_url,
     results_of,
+    run_eval,
+    stop_half_way,
+    stop_when,
 )
 from tests.harness import REPO, MockTrainGateClient, screenshot_dir, start_mock_trainer
-from tests.integration.test_up_supervised import assert_all_gone, listening_ports, started_up
+from tests.operations.harness import assert_all_gone, listening_ports, started_up
 
 STOP_SECONDS = 2.0  # from the signal to the exit
-
-
-def isolated_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
-    """No ``up`` of another test (or session) is found: the state directory is the test's."""
-    runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "COLUMNS": "200", **extra}
-
-
-def run(
-    cli: str, *args: str, env: dict[str, str], timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        eval_command(cli, *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=REPO,
-        env=env,
-    )
 
 
 def program(cli: str) -> str:
@@ -73,36 +55,6 @@ def statuses(run_dir: Path) -> dict[str, str]:
 def assert_quiet(output: str) -> None:
     for noise in ("Traceback", "Task exception", "never retrieved", "Error", "CancelledError"):
         assert noise not in output, output
-
-
-def stop_half_way(
-    cli: str, args: list[str], run_dir: Path, env: dict[str, str], signum: signal.Signals
-) -> tuple[str, float, int]:
-    """Start the run, send ``signum`` once 30 items are kept; (output, seconds from the
-    signal to the exit, exit code)."""
-    results = run_dir / RESULTS_FILE
-    process = subprocess.Popen(
-        eval_command(cli, *args),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        wait_until(
-            lambda: results.is_file() and len(results.read_text().splitlines()) >= 30,
-            300,
-            "30 results",
-        )
-        process.send_signal(signum)
-        sent = time.monotonic()
-        output, _ = process.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if process.poll() is None:
-            process.kill()
-    return output, took, process.returncode
 
 
 @pytest.mark.parametrize(
@@ -141,7 +93,7 @@ def test_a_run_stopped_half_way_exits_at_once_and_its_resume_counts_only_real_ou
     stopped = metrics_of(runs / "cut")["models"]["policy"]
     assert (stopped["finished"], stopped["failed"]) == (done, 0)
 
-    resumed = run(cli, *shlex.split(resume)[3:], env=env)
+    resumed = run_eval(cli, *shlex.split(resume)[3:], env=env, succeeds=False)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"200 work items, {200 - done} to run" in resumed.stdout
     assert set(statuses(runs / "cut").values()) == {"success"}
@@ -160,31 +112,21 @@ def test_a_stop_while_the_fleet_starts_exits_130_with_one_line_and_leaves_nothin
         *("-m", CALCULATOR, "-d", str(rows), "--model", "m", "--base-url", model_url(mock_trainer)),
         *("-o", str(tmp_path / "runs"), "--name", "early", "-q"),
     ]
-    process = subprocess.Popen(
-        eval_command("fleet", *args),
-        cwd=REPO,
-        env=isolated_env(tmp_path / "state"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
     tree: list[psutil.Process] = []
-    try:
+    ports: set[int] = set()
 
-        def fleet_spawned() -> bool:
-            tree[:] = psutil.Process(process.pid).children(recursive=True)
-            return any("worker" in " ".join(p.cmdline()) for p in tree if p.is_running())
+    def fleet_spawned(process: subprocess.Popen[str]) -> bool:
+        tree[:] = psutil.Process(process.pid).children(recursive=True)
+        if not any("worker" in " ".join(p.cmdline()) for p in tree if p.is_running()):
+            return False
+        ports.update(listening_ports(tree))
+        return True
 
-        wait_until(fleet_spawned, 120, "the fleet's processes")
-        ports = listening_ports(tree)
-        process.send_signal(signal.SIGINT)
-        sent = time.monotonic()
-        output, _ = process.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, output
+    env = isolated_env(tmp_path / "state")
+    output, took, code = stop_when(
+        "fleet", args, env, signal.SIGINT, fleet_spawned, "the fleet's processes"
+    )
+    assert code == 130, output
     assert took < STOP_SECONDS, f"{took:.2f}s to exit"
     assert_quiet(output)
     resume = shlex.join(["rollout-fleet", "eval", "run", *args])
@@ -202,11 +144,12 @@ def test_an_unreachable_model_endpoint_stops_the_run_before_anything_starts(
     rows = calculator_rows(tmp_path / "rows.jsonl", 5)
     base_url = f"http://127.0.0.1:{free_port()}/v1"
     started = time.monotonic()
-    down = run(
+    down = run_eval(
         "fleet",
         *("-m", CALCULATOR, "-d", str(rows), "--model", "m", "--base-url", base_url),
         *("-o", str(tmp_path / "runs"), "--name", "down"),
         env=isolated_env(tmp_path / "state"),
+        succeeds=False,
     )
     took = time.monotonic() - started
     assert down.returncode == 1, down.stdout + down.stderr
@@ -240,7 +183,7 @@ def test_every_item_failing_exits_1_and_each_failure_names_the_endpoints_answer(
         *("-m", CALCULATOR, "-d", str(rows), "--model", "m", "--base-url", base_url),
         *("-o", str(tmp_path / "runs"), "--name", "bad", "-q"),
     ]
-    failed = run("sdk", *args, env=isolated_env(tmp_path / "state"))
+    failed = run_eval("sdk", *args, env=isolated_env(tmp_path / "state"), succeeds=False)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     results = results_of(tmp_path / "runs" / "bad")
     assert {r["status"] for r in results} == {"failure"}
@@ -278,7 +221,9 @@ def test_a_retry_on_a_running_up_starts_no_fleet_and_is_faster_than_a_cold_one(
             gateway = json.loads(up.state_files()[0].read_text())["gateway_url"]
             mock.add_faults({"target": "chat", "status": 500, "times": None})
             for name, fleet in (("cold", "new"), ("warm", gateway)):
-                first = run("fleet", *common, "--name", name, "--fleet", fleet, env=env)
+                first = run_eval(
+                    "fleet", *common, "--name", name, "--fleet", fleet, env=env, succeeds=False
+                )
                 assert first.returncode == 1, first.stdout + first.stderr
                 assert metrics_of(tmp_path / "runs" / name)["models"]["policy"]["failed"] == 2
             assert f"running on the fleet at {gateway}" in first.stdout
@@ -286,7 +231,16 @@ def test_a_retry_on_a_running_up_starts_no_fleet_and_is_faster_than_a_cold_one(
             timings = {}
             for name, extra in (("cold", ["--fleet", "new"]), ("warm", [])):
                 started = time.monotonic()
-                retry = run("fleet", *common, "--name", name, "--retry-failed", *extra, env=env)
+                retry = run_eval(
+                    "fleet",
+                    *common,
+                    "--name",
+                    name,
+                    "--retry-failed",
+                    *extra,
+                    env=env,
+                    succeeds=False,
+                )
                 timings[name] = time.monotonic() - started
                 assert retry.returncode == 0, retry.stdout + retry.stderr
                 assert "2 work items, 2 to run" in retry.stdout
@@ -310,11 +264,12 @@ def test_the_terminal_summary_is_whole_at_80_columns_and_lists_wrong_answers_fir
     """Five rows, two with a wrong ground truth: at 80 columns no header is cut, and the
     rows table starts with the wrong answers (prompt, label and answer on each line)."""
     rows = calculator_rows(tmp_path / "rows.jsonl", 5)
-    done = run(
+    done = run_eval(
         "sdk",
         *("-m", CALCULATOR, "-d", str(rows), "--model", "m", "--base-url", model_url(mock_trainer)),
         *("-o", str(tmp_path / "runs"), "--name", "narrow", "-q"),
         env=isolated_env(tmp_path / "state", COLUMNS="80"),
+        succeeds=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -389,12 +344,13 @@ def test_the_report_lists_every_row_wrong_answers_first_and_labels_the_pass_at_k
     label, answer, reward, verdict, latency), the wrong answers (completed, reward 0) first,
     and the pass@k chart with its k values and 0–100 % on its axes."""
     rows = calculator_rows(tmp_path / "rows.jsonl", 5)
-    done = run(
+    done = run_eval(
         "sdk",
         *("-m", CALCULATOR, "-d", str(rows), "--n", "3", "--model", "m"),
         *("--base-url", model_url(mock_trainer), "-o", str(tmp_path / "runs"), "--name", "page"),
         "-q",
         env=isolated_env(tmp_path / "state"),
+        succeeds=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     page = (tmp_path / "runs" / "page" / "report.html").as_uri()
@@ -466,11 +422,12 @@ def test_text_from_the_dataset_is_shown_as_data_not_obeyed(
     for line in lines:
         line["user_prompt"] += hostile
     rows.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    done = run(
+    done = run_eval(
         "sdk",
         *("-m", CALCULATOR, "-d", str(rows), "--model", "m", "--base-url", model_url(mock_trainer)),
         *("-o", str(tmp_path / "runs"), "--name", "hostile", "-q"),
         env=isolated_env(tmp_path / "state", COLUMNS="400"),
+        succeeds=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr

@@ -36,6 +36,7 @@ from celery import Celery
 from rollout_core.protocols import cancelled_result
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordKey, RecordStore
+from rollout_core.store.schema import Keys
 from rollout_fleet.local import fleet_command
 from rollout_fleet.redis_server import SentinelSet
 from tests.chaos.harness import Protocol, Trainer
@@ -314,7 +315,7 @@ class Nemesis:
         deadline = time.monotonic() + DELIVERING_SEARCH
         try:
             while time.monotonic() < deadline:
-                records = client.zrange(f"{PREFIX['v1']}:leases", 0, -1)
+                records = client.zrange(Keys(PREFIX["v1"]).leases, 0, -1)
                 for record in records:
                     if client.hget(record, "status") == "delivering":
                         return self._cancel_now(client, record)
@@ -355,7 +356,7 @@ class Nemesis:
         client = self.stage.redis()
         try:
             prefix = PREFIX[fault.protocol]
-            running = client.zrange(f"{prefix}:leases", 0, -1)
+            running = client.zrange(Keys(prefix).leases, 0, -1)
             if not running:
                 return "none running"
             record = running[int(fault.pick * len(running))]

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import redis
 
+from rollout_core.store.schema import Keys
 from tests.chaos.harness import LEASE_HEADER, Trainer
 from tests.nemesis.stage import PREFIX, Stage
 
@@ -136,7 +137,7 @@ class Holders:
 
     def _sample(self, client: redis.Redis) -> None:
         for prefix in PREFIX.values():
-            records: list[str] = client.zrange(f"{prefix}:leases", 0, -1)  # type: ignore[assignment]
+            records: list[str] = client.zrange(Keys(prefix).leases, 0, -1)  # type: ignore[assignment]
             pipe = client.pipeline(transaction=False)
             for record in records:
                 pipe.hmget(record, "execution", "status")

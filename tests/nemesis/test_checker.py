@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import redis
 
+from rollout_core.store.schema import Keys
 from tests.chaos.harness import Protocol
 from tests.nemesis.checker import (
     REPEAT_SECONDS,
@@ -98,7 +99,7 @@ class Planter:
     @staticmethod
     def _wait_leased(client: redis.Redis, prefix: str, status: str = "running") -> str:
         for _ in range(200):
-            for record in client.zrange(f"{prefix}:leases", 0, -1):
+            for record in client.zrange(Keys(prefix).leases, 0, -1):
                 if client.hget(record, "status") == status:
                     return str(record)
             time.sleep(0.05)
@@ -112,7 +113,7 @@ class Planter:
     def _strand(self, stage: Stage, client: redis.Redis, done: threading.Event) -> str:
         """A rogue execution takes a running v2 rollout and renews its lease until ``done``."""
         record = self._wait_leased(client, PREFIX["v2"])
-        leases = f"{PREFIX['v2']}:leases"
+        leases = Keys(PREFIX["v2"]).leases
         client.hset(record, "execution", "rogue:1:stuck:00000000")
         client.zadd(leases, {record: time.time() * 1000 + 60_000})
 
@@ -134,7 +135,7 @@ class Planter:
                 break
             time.sleep(0.02)
         rollout_id = polled[0]
-        record = f"{PREFIX['v2']}:v2:{rollout_id}"
+        record = Keys(PREFIX["v2"]).record("v2", rollout_id)
         status, stored = client.hmget(record, "status", "result")
         result = json.loads(stored or "{}")
         other = "failure" if result.get("status") == "success" else "success"
@@ -168,7 +169,7 @@ class Planter:
     @staticmethod
     def _repost(stage: Stage, client: redis.Redis, rollout_id: str) -> None:
         """What a rogue worker would do: post the stored completion body once more."""
-        record = f"{PREFIX['v1']}:v1:{rollout_id}"
+        record = Keys(PREFIX["v1"]).record("v1", rollout_id)
         stored, key = client.hmget(record, "result", "admit_token")
         response = httpx.post(
             f"{stage.trainer.url}/v1/rollout/completed",

@@ -79,7 +79,7 @@ OUTSIDE = [
     "http://trainer.example:9000/gate/../admin",
     "https://trainer.example:9000/gate",
 ]
-# Refused whatever the list says (issue 14, finding 19), with their own reason.
+# Refused whatever the list says, with their own reason.
 ALWAYS_REFUSED = {
     "http://169.254.169.254/latest/meta-data": "link-local address 169.254.169.254",
     "http://trainer.example:9000/gate?x=": "query or fragment",

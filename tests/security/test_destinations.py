@@ -19,8 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import V2_ENV, StartFleet
-from tests.harness import FleetUnderTest, V2FleetUnderTest, new_id
-from tests.security.test_foreign_answers import STRANDS_AGENT, all_logs
+from tests.harness import STRANDS_AGENT, FleetUnderTest, V2FleetUnderTest, all_logs, new_id
 
 REFUSING_LOOPBACK = {"OSMOSIS_ROLLOUT_CLIENT_REFUSED_NETWORKS": "127.0.0.0/8, ::1/128"}
 METADATA_FORMS = [

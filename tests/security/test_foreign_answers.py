@@ -14,16 +14,16 @@ import pytest
 
 from tests.conftest import V2_ENV, StartFleet
 from tests.harness import (
-    REPO,
+    STRANDS_AGENT,
     FleetUnderTest,
     InternalService,
     V2FleetUnderTest,
+    all_logs,
     new_id,
     redis_dump,
 )
 
 SECRET = "internal-secret-7f3a9c"
-STRANDS_AGENT = str(REPO / "examples/strands_multiply/main.py")
 
 
 @pytest.fixture(params=[404, 500, 200], ids=["404", "500", "200 not a completion"])
@@ -31,10 +31,6 @@ def internal(request: pytest.FixtureRequest) -> Iterator[InternalService]:
     service = InternalService(request.param, SECRET)
     yield service
     service.close()
-
-
-def all_logs(handle: FleetUnderTest) -> str:
-    return "\n".join(process.output() for process in handle.fleet.processes.values())
 
 
 EXPECTED_V1_ERRORS = {

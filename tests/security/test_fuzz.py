@@ -55,10 +55,10 @@ def test_huge_metadata_under_the_limit_is_admitted_whole(locked: FleetUnderTest)
 def test_odd_rollout_ids_are_refused_or_kept_verbatim(
     locked: FleetUnderTest, rollout_id: str
 ) -> None:
-    before = set(locked.redis.scan_iter(f"{locked.prefix}:{locked.protocol}:*"))
+    before = set(locked.redis.scan_iter(f"{locked.keys.records_of(locked.protocol)}*"))
     response = admit(locked, locked.body(rollout_id))
     assert response.status_code in (202, 422), response.text
-    after = set(locked.redis.scan_iter(f"{locked.prefix}:{locked.protocol}:*"))
+    after = set(locked.redis.scan_iter(f"{locked.keys.records_of(locked.protocol)}*"))
     if response.status_code == 422:
         assert after <= before  # nothing written
         assert response.json()["detail"]

@@ -12,8 +12,7 @@ import pytest
 
 from rollout_fleet.local import fleet_command
 from tests.conftest import StartFleet
-from tests.harness import FleetUnderTest, new_id, script
-from tests.integration.test_operations import fleet_cli
+from tests.harness import FleetUnderTest, fleet_cli, new_id, script
 
 COMPLETE_AT_ONCE = script({"complete": {}})
 

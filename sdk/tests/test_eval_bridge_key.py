@@ -1,0 +1,72 @@
+"""An evaluation's model bridge takes only calls that carry its run's key.
+
+The bridge holds the model endpoint's key and may listen off loopback (for sandboxes): a call
+without the run's key, or with another, is refused on each of its routes and never reaches the
+endpoint; a call with it is forwarded with the endpoint's own key. A real bridge in front of the
+mock TrainGate (a real HTTP server standing for the model endpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from rollout_sdk.localrun.bridge import LLMBridge
+
+RUN_KEY = "run-key-of-this-test"
+ENDPOINT_KEY = "sk-endpoint-key"
+QUESTION = {"model": "any", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
+COMPLETION = {"rollout_id": "r1", "status": "COMPLETED", "final_messages": []}
+
+
+async def statuses(model_url: str) -> dict[str, int]:
+    bridge = LLMBridge(model_url, "policy", ENDPOINT_KEY, key=RUN_KEY)
+    await bridge.start()
+    try:
+        async with httpx.AsyncClient(base_url=bridge.url, timeout=30) as http:
+            v2 = "/v1/rollouts/r1/chat/completions"
+            wrong = {"Authorization": "Bearer another-key"}
+            right = {"Authorization": f"Bearer {RUN_KEY}"}
+            answers = {
+                "v2 without a key": await http.post(v2, json=QUESTION),
+                "v2 with another key": await http.post(v2, json=QUESTION, headers=wrong),
+                "v2 as basic auth": await http.post(v2, json=QUESTION, auth=("u", RUN_KEY)),
+                "v1 without a key": await http.post(
+                    "/v1/chat/completions", json={**QUESTION, "rollout_id": "r1"}
+                ),
+                "callback with another key": await http.post(
+                    "/v1/rollout/completed", json=COMPLETION, headers=wrong
+                ),
+                "v2 with the key": await http.post(v2, json=QUESTION, headers=right),
+                "callback with the key": await http.post(
+                    "/v1/rollout/completed", json=COMPLETION, headers=right
+                ),
+            }
+    finally:
+        await bridge.stop()
+    return {name: answer.status_code for name, answer in answers.items()}
+
+
+def test_the_bridge_forwards_only_calls_with_its_key_and_sends_the_endpoints_own(
+    mock_trainer: tuple[str, Any],
+) -> None:
+    url, _ = mock_trainer
+    seen = asyncio.run(statuses(f"{url}/v1/rollouts/bridge-key-model"))
+    assert seen == {
+        "v2 without a key": 401,
+        "v2 with another key": 401,
+        "v2 as basic auth": 401,
+        "v1 without a key": 401,
+        "callback with another key": 401,
+        "v2 with the key": 200,
+        "callback with the key": 200,
+    }
+    answer = httpx.get(
+        f"{url}/mock/calls", params={"path": "chat", "rollout_id": "bridge-key-model"}
+    )
+    calls = answer.raise_for_status().json()
+    assert len(calls) == 1  # the refused calls never reached the endpoint
+    assert calls[0]["headers"]["authorization"] == f"Bearer {ENDPOINT_KEY}"
+    assert calls[0]["body"]["model"] == "policy"

@@ -1,0 +1,1 @@
+"""Admission and polling on the gateways: bad input, limits, replicas, replication."""

@@ -1,0 +1,201 @@
+"""Bad input gets a clear 4xx (or the spec's 5xx for a failing get_tools)
+and leaves no record behind; an unavailable store is a 503, never a 500."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from rollout_fleet.redis_server import RedisServer
+from tests.conftest import TEST_ENV
+from tests.harness import (
+    SCRIPTED_AGENT,
+    SCRIPTED_V2_AGENT,
+    FleetUnderTest,
+    MockTrainGateClient,
+    V2FleetUnderTest,
+)
+
+
+def no_record(fleet: FleetUnderTest, key: str) -> bool:
+    return fleet.redis.exists(fleet.record_key(key)) == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type"),
+    [
+        (b'{"rollout_id": "x", "server_url": ', "application/json"),
+        (b"[1, 2, 3]", "application/json"),
+        (b"\xff\xfe not utf-8", "application/json"),
+        (b'"just a string"', "application/json"),
+        (b"rollout_id=x", "application/x-www-form-urlencoded"),
+        (b"", "application/json"),
+    ],
+)
+def test_malformed_bodies_are_422(fleet: FleetUnderTest, content: bytes, content_type: str) -> None:
+    response = fleet.http.post(
+        "/v1/rollout/init", content=content, headers={"Content-Type": content_type}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"]
+
+
+def test_get_tools_that_hangs_is_a_clear_500_and_leaves_nothing(fleet: FleetUnderTest) -> None:
+    body = fleet.body(metadata={"get_tools": "hang", "hang_s": 5})
+    response = fleet.init(body)
+    assert response.status_code == 500
+    assert response.json() == {"detail": "get_tools() did not return within 2s"}
+    assert no_record(fleet, body["rollout_id"])
+    body["metadata"] = {}
+    assert fleet.init(body).status_code == 202
+    fleet.wait_delivered([body["rollout_id"]])
+
+
+def test_get_tools_returning_an_invalid_tool_is_a_clear_500(fleet: FleetUnderTest) -> None:
+    body = fleet.body(metadata={"get_tools": "invalid"})
+    response = fleet.init(body)
+    assert response.status_code == 500
+    assert "invalid tool list" in response.json()["detail"]
+    assert "name" in response.json()["detail"]
+    assert no_record(fleet, body["rollout_id"])
+
+
+def test_error_messages_never_echo_the_trainer_key(fleet: FleetUnderTest) -> None:
+    body = fleet.body(api_key="sk-live-SECRET", metadata={"get_tools": "raise"})
+    body["rollout_id"] = "leaks-sk-live-SECRET"
+    response = fleet.init(body)
+    assert response.status_code == 500
+    assert "sk-live-SECRET" not in response.text
+    assert "***" in response.text
+
+
+def test_the_sealed_trainer_key_is_not_in_the_record(fleet: FleetUnderTest) -> None:
+    body = fleet.body(
+        api_key="sk-live-PLANTED", metadata={"script": [{"sleep": 1}, {"complete": {}}]}
+    )
+    assert fleet.init(body).status_code == 202
+    record = fleet.record(body["rollout_id"])
+    assert "sk-live-PLANTED" not in str(record)
+    assert record["secret"]  # sealed, present while the rollout runs
+    fleet.wait_status(body["rollout_id"], {"success"})
+    assert not fleet.record(body["rollout_id"]).get("secret")  # emptied by the last write
+
+
+@pytest.fixture
+def doomed_store(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    mock_trainer: MockTrainGateClient,
+) -> Iterator[tuple[FleetUnderTest, RedisServer]]:
+    """A fleet on a Redis of its own (v1 unless parametrized with "v2")."""
+    from rollout_fleet.local import LocalFleet
+
+    v2 = getattr(request, "param", "v1") == "v2"
+    server = RedisServer().start()
+    fleet = LocalFleet(
+        SCRIPTED_V2_AGENT if v2 else SCRIPTED_AGENT,
+        server.url,
+        workers=1,
+        env=TEST_ENV,
+        log_dir=tmp_path_factory.mktemp("doomed"),
+    )
+    handle = (V2FleetUnderTest if v2 else FleetUnderTest)(fleet, mock_trainer)
+    fleet.start()
+    yield handle, server
+    handle.close()
+    server.stop()
+
+
+def test_an_unreachable_store_is_503_with_retry_after(
+    doomed_store: tuple[FleetUnderTest, RedisServer],
+) -> None:
+    fleet, server = doomed_store
+    server.stop()
+    response = fleet.init(fleet.body())
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "5"
+    assert "rollout store unavailable" in response.json()["detail"]
+    assert fleet.http.get("/health").status_code == 503
+
+
+def while_full(fleet: FleetUnderTest, send: Callable[[], httpx.Response]) -> httpx.Response:
+    """``send`` while the fleet's Redis is at ``maxmemory`` (it refuses every write)."""
+    fleet.redis.config_set("maxmemory", "1")
+    try:
+        return send()
+    finally:
+        fleet.redis.config_set("maxmemory", "0")
+
+
+def test_a_full_store_is_503_and_writes_nothing(
+    doomed_store: tuple[FleetUnderTest, RedisServer],
+) -> None:
+    """Redis at ``maxmemory`` (noeviction) refuses writes: v1 has no 429 (CONFORMANCE #47),
+    so this 503 is what bounds its queue."""
+    fleet, _ = doomed_store
+    body = fleet.body()
+    response = while_full(fleet, lambda: fleet.init(body))
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "5"
+    assert "full" in response.json()["detail"]
+    assert fleet.redis.exists(fleet.record_key(body["rollout_id"])) == 0
+    assert fleet.init(body).status_code == 202  # room again: the same request is admitted
+    assert len(fleet.wait_delivered([body["rollout_id"]])[body["rollout_id"]]) == 1
+
+
+@pytest.mark.parametrize("doomed_store", ["v2"], indirect=True)
+def test_a_full_store_tells_a_v2_trainer_to_come_back(
+    doomed_store: tuple[V2FleetUnderTest, RedisServer],
+) -> None:
+    """#70's answer, so the trainer's client waits and retries instead of giving up."""
+    fleet, _ = doomed_store
+    body = fleet.body()
+    response = while_full(fleet, lambda: fleet.admit(body))
+    assert response.status_code == 429
+    assert response.headers["Retry-After"] == "5"
+    assert response.json() == {"detail": "rollout queue is full; retry later"}
+    assert fleet.redis.exists(fleet.record_key(body["rollout_id"])) == 0
+    response = fleet.admit(body)
+    assert response.status_code == 202
+    assert fleet.result(body["rollout_id"], response.json()["polling_lease_token"])["status"] == (
+        "success"
+    )
+
+
+def test_a_gateway_dying_mid_admission_does_not_block_the_key(fleet: FleetUnderTest) -> None:
+    """A crashed admission leaves a pending record; once it lapses a retry is admitted."""
+    body = fleet.body()
+    record = fleet.record_key(body["rollout_id"])
+    fleet.redis.hset(record, mapping={"status": "admitting", "admit_token": "crashed-gateway"})
+    fleet.redis.pexpire(record, 1000)
+    response = fleet.init(body)
+    assert response.status_code == 202
+    assert response.json()["rollout_id"] == body["rollout_id"]
+    assert len(fleet.wait_delivered([body["rollout_id"]])[body["rollout_id"]]) == 1
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity"])
+def test_a_non_finite_number_in_the_body_is_422_not_500(
+    fleet: FleetUnderTest, literal: str
+) -> None:
+    text = json.dumps(fleet.body())[:-1] + f', "max_turns": {literal}}}'
+    response = fleet.http.post(
+        "/v1/rollout/init", content=text, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "max_turns"]
+
+
+def test_an_idempotency_key_is_bounded_as_a_rollout_id_is(fleet: FleetUnderTest) -> None:
+    """Both become Redis key names: 256 characters are admitted, 257 are a 422 naming it."""
+    edge = "é" * 256
+    admitted = fleet.init(fleet.body(idempotency_key=edge))
+    assert admitted.status_code == 202, admitted.text
+    refused = fleet.init(fleet.body(idempotency_key=edge + "x"))
+    assert refused.status_code == 422
+    (problem,) = refused.json()["detail"]
+    assert problem["loc"] == ["body", "idempotency_key"]
+    assert "at most 256 characters" in problem["msg"]

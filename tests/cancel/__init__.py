@@ -1,0 +1,1 @@
+"""Cancel and revoke: every way a rollout is stopped, and what its trainer hears."""

@@ -1,0 +1,1 @@
+"""v1 delivery: every admitted rollout ends with one completion callback."""

@@ -1,0 +1,127 @@
+"""A v1 record a worker cannot read still ends with one callback, and a worker that could
+read none of the fleet's records does not start.
+
+Real processes: a redis-server, a gateway, Celery workers and the mock TrainGate. The test
+admits rollouts, then, before any worker takes them, makes their records unreadable in Redis
+(the sealed API key corrupted or sealed with another key, the stored request no longer a
+valid request, or cut short) or damages the stored tools the worker hands the agent (the
+worker faults carrying it). Each ends once, with one ERROR callback to its trainer saying why
+and carrying no ``Authorization`` header (the key is what may not be readable); before, such
+a rollout failed without a word to its trainer. A worker given another
+``ROLLOUT_FLEET_SECRET_KEY`` than the gateway's refuses to start, in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cryptography.fernet import Fernet
+
+from rollout_core.secrets import KEYS_DIFFER
+from rollout_fleet.local import fleet_command
+from tests.conftest import StartFleet
+from tests.harness import FleetUnderTest, assert_one_line, new_id, run_process
+
+SECRET_ENV = "ROLLOUT_FLEET_SECRET_KEY"
+TRAINER_KEY = "sk-trainer-unreadable"
+SETTLE = 4.0  # after the callbacks: time for a repeat to show
+
+
+def foreign_seal(fields: dict[str, str]) -> tuple[str, str]:
+    return "secret", Fernet(Fernet.generate_key()).encrypt(TRAINER_KEY.encode()).decode()
+
+
+def corrupt_seal(fields: dict[str, str]) -> tuple[str, str]:
+    return "secret", fields["secret"][:-12] + "AAAAAAAAAAAA"
+
+
+def invalid_request(fields: dict[str, str]) -> tuple[str, str]:
+    request = json.loads(fields["request"])
+    request["messages"] = "no longer a list"
+    return "request", json.dumps(request)
+
+
+def cut_short_request(fields: dict[str, str]) -> tuple[str, str]:
+    return "request", fields["request"][: len(fields["request"]) // 2 + 40]
+
+
+def damaged_tools(fields: dict[str, str]) -> tuple[str, str]:
+    """The request reads, but the worker faults on the stored tools it hands the agent."""
+    return "response", "{damaged"
+
+
+SPOILERS: dict[str, Callable[[dict[str, str]], tuple[str, str]]] = {
+    "sealed with another key": foreign_seal,
+    "sealed part corrupted": corrupt_seal,
+    "request no longer valid": invalid_request,
+    "request cut short": cut_short_request,
+    "worker faults on it": damaged_tools,
+}
+WHY = {
+    "sealed with another key": "ROLLOUT_FLEET_SECRET_KEY",
+    "sealed part corrupted": "ROLLOUT_FLEET_SECRET_KEY",
+    "request no longer valid": "no longer parses",
+    "request cut short": "no longer parses",
+    "worker faults on it": "the worker failed carrying this rollout: JSONDecodeError",
+}
+
+
+def completed_calls(handle: FleetUnderTest, rollout_id: str) -> list[dict[str, Any]]:
+    return handle.trainer.calls("completed", rollout_id)
+
+
+def test_each_unreadable_record_ends_with_one_error_callback_without_authorization(
+    start_fleet: StartFleet,
+) -> None:
+    handle = start_fleet(workers=0)
+    ids = {how: new_id("unreadable") for how in SPOILERS}
+    for how, rollout_id in ids.items():
+        body = handle.body(rollout_id, api_key=TRAINER_KEY)
+        assert handle.init(body).status_code == 202
+        record = handle.record_key(rollout_id)
+        field, value = SPOILERS[how](handle.record(rollout_id))
+        handle.redis.hset(record, field, value)
+    handle.fleet.start_worker(1)
+    deadline = time.monotonic() + 60
+    while any(not completed_calls(handle, r) for r in ids.values()):
+        assert time.monotonic() < deadline, handle.logs()
+        time.sleep(0.2)
+    time.sleep(SETTLE)
+    for how, rollout_id in ids.items():
+        calls = completed_calls(handle, rollout_id)
+        assert len(calls) == 1, (how, calls)
+        (call,) = calls
+        headers = {name.lower() for name in call["headers"]}
+        assert "authorization" not in headers, how
+        callback = call["body"]
+        assert callback["status"] == "ERROR", (how, callback)
+        assert WHY[how] in callback["error_message"], (how, callback)
+        unreadable = how != "worker faults on it"
+        assert unreadable == ("record cannot be read" in callback["error_message"]), how
+        record = handle.record(rollout_id)
+        assert (record["status"], record["delivery"]) == ("failure", "delivered"), (how, record)
+        assert record["terminations"] == "1"
+        assert TRAINER_KEY not in json.dumps([call, record]), how
+        view = handle.http.get(f"/v1/rollouts/{rollout_id}").json()
+        assert WHY[how] in view["error"], (how, view)
+    assert handle.redis.zcard(f"{handle.prefix}:leases") == 0
+
+
+def test_a_worker_with_another_secret_key_than_the_gateways_refuses_to_start(
+    start_fleet: StartFleet,
+) -> None:
+    """The gateway sealed the key canary as it started; a worker that cannot open it says so
+    in one line naming the fix, and exits non-zero, before it takes any rollout."""
+    handle = start_fleet(workers=0)
+    rollout_id = new_id("waits")
+    assert handle.init(handle.body(rollout_id, api_key=TRAINER_KEY)).status_code == 202
+    env = {**handle.fleet.process_env(), SECRET_ENV: Fernet.generate_key().decode()}
+    refusal = KEYS_DIFFER.format(key=f"{handle.prefix}:key-canary")
+    assert "set the same ROLLOUT_FLEET_SECRET_KEY on gateways and workers" in refusal
+    result = run_process(fleet_command("worker"), env)
+    assert_one_line(result, refusal)
+    assert env[SECRET_ENV] not in result.stdout + result.stderr
+    assert handle.record(rollout_id)["status"] == "queued"  # untouched: it waits for a worker

@@ -1,0 +1,1 @@
+"""The bundled and documented agents, run on a real fleet."""

@@ -1,0 +1,1 @@
+"""Leases, the sweeper and lost messages: worker deaths, clocks, fleets sharing a Redis."""

@@ -1,0 +1,1 @@
+"""Redis trouble: outages, restarts, failover, and a Redis that can lose rollouts."""

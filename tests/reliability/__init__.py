@@ -1,1 +1,0 @@
-"""Issue 14: the promise against faults nobody scripted (one module per group of findings)."""
