@@ -23,6 +23,21 @@ QUEUE = "shared-queue"
 OWNER_KEY = f"_rollout_fleet.queue_owner.{QUEUE}"
 
 
+def refusals_of_gateway_and_worker(env: dict[str, str]) -> list[str]:
+    """What a gateway and a worker started with ``env`` said as they refused to start (exit
+    2, no traceback)."""
+    outputs = []
+    for command in ("gateway", "worker"):
+        ports = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "gateway" else []
+        argv = fleet_command(command, *ports)
+        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        output = run.stdout + run.stderr
+        assert run.returncode == 2, output
+        assert "Traceback" not in output
+        outputs.append(output)
+    return outputs
+
+
 def test_a_fleet_whose_queue_another_prefix_uses_refuses_to_start(start_fleet: StartFleet) -> None:
     first = start_fleet(
         workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": QUEUE}
@@ -34,15 +49,9 @@ def test_a_fleet_whose_queue_another_prefix_uses_refuses_to_start(start_fleet: S
         "ROLLOUT_FLEET_KEY_PREFIX": "fb",
         "ROLLOUT_FLEET_QUEUE": QUEUE,
     }
-    for command in ("gateway", "worker"):
-        ports = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "gateway" else []
-        argv = fleet_command(command, *ports)
-        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
-        output = run.stdout + run.stderr
-        assert run.returncode == 2, output
+    for output in refusals_of_gateway_and_worker(env):
         assert "used by the fleet with key prefix 'fa'" in output
         assert "ROLLOUT_FLEET_QUEUE" in output
-        assert "Traceback" not in output
 
 
 def test_a_worker_puts_back_another_fleets_message_and_ready_names_the_shared_queue(
@@ -95,15 +104,9 @@ def test_a_process_of_a_fleet_on_another_queue_refuses_to_start(start_fleet: Sta
         "ROLLOUT_FLEET_KEY_PREFIX": "fq",
         "ROLLOUT_FLEET_QUEUE": "another-queue",
     }
-    for command in ("gateway", "worker"):
-        ports = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "gateway" else []
-        argv = fleet_command(command, *ports)
-        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
-        output = run.stdout + run.stderr
-        assert run.returncode == 2, output
+    for output in refusals_of_gateway_and_worker(env):
         assert "the fleet with key prefix 'fq' uses the queue 'shared-queue'" in output
         assert "this process has 'another-queue'" in output
-        assert "Traceback" not in output
     assert first.redis.get("fq:queue") == QUEUE
     assert first.http.get("/ready").status_code == 200  # the fleet itself is untouched
 
