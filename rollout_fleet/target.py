@@ -116,7 +116,7 @@ def url_source(settings: FleetSettings) -> str:
 async def check_fleet(store: RecordStore, target: FleetTarget) -> None:
     """Raise :class:`FleetUnreadable` unless Redis answers within the fail-fast connect
     timeout and holds a fleet with the target's key prefix."""
-    from rollout_core.store.store import FAIL_FAST_CONNECT_SECONDS
+    from rollout_core.store.connection import FAIL_FAST_CONNECT_SECONDS
 
     try:
         async with asyncio.timeout(FAIL_FAST_CONNECT_SECONDS):
@@ -149,7 +149,7 @@ def unreadable(exc: BaseException, target: FleetTarget) -> FleetUnreadable:
         StoreTimeout,
         StoreUnavailable,
     )
-    from rollout_core.store.store import FAIL_FAST_CONNECT_SECONDS
+    from rollout_core.store.connection import FAIL_FAST_CONNECT_SECONDS
 
     where = target.where()
     if isinstance(exc, StoreAuthError) or "NOAUTH" in str(exc):

