@@ -2,7 +2,9 @@
 code issuing Redis commands (``store``, made of one module per role), and the Lua scripts that
 change records atomically."""
 
-from rollout_core.store.connection import (
+from rollout_core.store.connection import answers, sentinel_primary
+from rollout_core.store.errors import (
+    NotReplicated,
     StoreAuthError,
     StoreError,
     StoreFull,
@@ -10,8 +12,6 @@ from rollout_core.store.connection import (
     StoreReplyError,
     StoreTimeout,
     StoreUnavailable,
-    answers,
-    sentinel_primary,
 )
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.replies import (
@@ -58,6 +58,7 @@ __all__ = [
     "FleetFigures",
     "FleetWorkers",
     "Keys",
+    "NotReplicated",
     "PollOutcome",
     "PollReply",
     "Protocol",

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import cast
 
 from rollout_core.store.base import StoreBase, flatten, ms, record_of
-from rollout_core.store.connection import NotReplicated
+from rollout_core.store.errors import NotReplicated
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.replies import PollReply, V1Admission
 from rollout_core.store.schema import (

@@ -14,13 +14,14 @@ from typing import Any, Self, cast
 
 from rollout_core.settings import FleetSettings
 from rollout_core.store.connection import (
-    NotReplicated,
     Pipeline,
-    Redis,
+    StoreClient,
     client,
     load_scripts,
     pipelined,
+    run,
 )
+from rollout_core.store.errors import NotReplicated
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.schema import Keys, RecordField, RecordKey
 
@@ -46,10 +47,10 @@ class StoreBase:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: StoreClient,
         prefix: str,
         queue: str,
-        listener: Redis | None = None,
+        listener: StoreClient | None = None,
         admission_replicas: int = 0,
         replica_timeout_seconds: float = 1.0,
     ) -> None:
@@ -87,7 +88,7 @@ class StoreBase:
             await self._listener.aclose()
 
     async def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[script](keys=list(keys), args=list(args))
+        return await run(self._scripts[script], keys, args)
 
     async def _pipelined(self, fill: Callable[[Pipeline], Awaitable[None]]) -> list[Any]:
         return await pipelined(self._redis, fill)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,18 +32,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollout_core.settings import REDIS_COMMAND_TIMEOUT_SECONDS
+from rollout_core.store import errors
 from rollout_core.store.schema import Keys, lua_prelude
-
-# What callers catch: the store's failures are Redis's own exceptions.
-StoreError = RedisError
-StoreUnavailable = (RedisConnectionError, RedisTimeoutError)
-StoreReplyError = ResponseError
-# What a reader that reports failures tells apart (the CLI): a Redis that does not answer in
-# time, one that refused the credentials, and a server that does not speak Redis at all.
-StoreTimeout = RedisTimeoutError
-StoreAuthError = AuthenticationError
-StoreNotRedis = InvalidResponse
-StoreFull = OutOfMemoryError
 
 POOL_WAIT_SECONDS = 10.0
 # One call against a Redis that does not answer gives up within RETRY_BUDGET_SECONDS: each try
@@ -84,6 +74,68 @@ RECONNECT = BudgetedRetry(RETRY_BUDGET_SECONDS, REDIS_COMMAND_TIMEOUT_SECONDS)
 # A caller that reports a failure instead of riding it out (the CLI) tries once, and gives a
 # connection this long to open.
 FAIL_FAST_CONNECT_SECONDS = 2.0
+
+
+def store_error(error: RedisError) -> errors.StoreError:
+    """The store's exception for redis-py's ``error`` (same message). Redis 6 reports a
+    script's write refused at ``maxmemory`` as a script error, not as OOM: it is full too."""
+    kind: type[errors.StoreError]
+    if isinstance(error, AuthenticationError):  # a kind of ConnectionError: first
+        kind = errors.StoreAuthError
+    elif isinstance(error, RedisTimeoutError):
+        kind = errors.StoreTimeout
+    elif isinstance(error, RedisConnectionError):
+        kind = errors.StoreUnavailable
+    elif isinstance(error, OutOfMemoryError) or "OOM command not allowed" in str(error):
+        kind = errors.StoreFull
+    elif isinstance(error, ResponseError):
+        kind = errors.StoreReplyError
+    elif isinstance(error, InvalidResponse):
+        kind = errors.StoreNotRedis
+    else:
+        kind = errors.StoreError
+    return kind(str(error))
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """redis-py's exceptions raised inside, as the store's. A script missing on the server
+    passes as it is: the script's caller loads it and runs it again (see :func:`pipelined`)."""
+    try:
+        yield
+    except NoScriptError:
+        raise
+    except RedisError as error:
+        raise store_error(error) from error
+
+
+class StoreClient(Redis):
+    """redis-py's client, whose failures are the store's exceptions. Its connections retry
+    below this (:class:`BudgetedRetry` and :class:`_SentinelConnection` see redis-py's own
+    exceptions); only what reaches the caller is translated."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        with translated():
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> StorePipeline:
+        return StorePipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+class StorePipeline(Pipeline):
+    """A pipeline of a :class:`StoreClient`, failing as it does."""
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        with translated():
+            return await super().execute(raise_on_error)
+
+
+async def run(script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """One script run (loaded on the server first if it lacks it)."""
+    try:
+        return await script(keys=list(keys), args=list(args))
+    except NoScriptError as error:  # lost again between the load and the run
+        raise store_error(error) from error
 
 
 def load_scripts(redis: Redis, keys: Keys) -> dict[str, AsyncScript]:
@@ -130,7 +182,7 @@ def client(
     *,
     listening: bool = False,
     fail_fast: bool = False,
-) -> Redis:
+) -> StoreClient:
     """A client that reconnects and retries through connection failures (unless it should
     ``fail_fast``: then one try, and a short connect timeout), and whose pool makes callers
     wait for a free connection instead of failing. Commands time out (a Redis that stopped
@@ -164,9 +216,9 @@ def client(
             db=database,
             **options,
         )
-        primary: Redis = sentinels.master_for(
+        primary: StoreClient = sentinels.master_for(
             sentinel_master,
-            redis_class=Redis,
+            redis_class=StoreClient,
             connection_class=_SentinelConnection,
             max_connections=max_connections,
         )
@@ -174,7 +226,7 @@ def client(
     pool = BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=POOL_WAIT_SECONDS, **options
     )
-    return Redis(connection_pool=pool)
+    return StoreClient(connection_pool=pool)
 
 
 def is_sentinel_url(url: str) -> bool:
@@ -193,14 +245,12 @@ def answers(url: str) -> bool:
             return False
 
 
-class NotReplicated(RedisConnectionError):
-    """An admission was written on the primary but not acknowledged by enough replicas in
-    time: it is not acknowledged to the trainer (503), who retries it."""
-
-
 def sentinel_primary(sentinel_url: str, master: str) -> tuple[str, int]:
     """(host, port) of the primary a sentinel names ``master`` (blocking, one ask)."""
-    with SyncRedis.from_url(sentinel_url, socket_timeout=1, decode_responses=True) as redis:
+    with (
+        translated(),
+        SyncRedis.from_url(sentinel_url, socket_timeout=1, decode_responses=True) as redis,
+    ):
         host, port = redis.sentinel_get_master_addr_by_name(master)
     return str(host), int(port)
 
@@ -220,42 +270,43 @@ async def pipelined(redis: Redis, fill: Callable[[Pipeline], Awaitable[None]]) -
     try:
         return await once()
     except NoScriptError:
-        return await once()
+        try:
+            return await once()
+        except NoScriptError as error:
+            raise store_error(error) from error
 
 
 @contextlib.asynccontextmanager
 async def subscribed(listener: Redis, channel: str) -> AsyncIterator[AsyncIterator[str]]:
     """Subscribed to ``channel`` while inside: the messages published on it, as they come."""
-    async with listener.pubsub() as pubsub:
-        await pubsub.subscribe(channel)
-        yield _published(pubsub)
+    with translated():
+        async with listener.pubsub() as pubsub:
+            await pubsub.subscribe(channel)
+            yield _published(pubsub)
 
 
 async def _published(pubsub: PubSub) -> AsyncIterator[str]:
-    async for message in pubsub.listen():
-        if message["type"] == "message":
-            yield str(message["data"])
+    with translated():
+        async for message in pubsub.listen():
+            if message["type"] == "message":
+                yield str(message["data"])
 
 
 __all__ = [
     "FAIL_FAST_CONNECT_SECONDS",
     "RETRY_BUDGET_SECONDS",
     "BudgetedRetry",
-    "NotReplicated",
     "Pipeline",
-    "Redis",
-    "StoreAuthError",
-    "StoreError",
-    "StoreFull",
-    "StoreNotRedis",
-    "StoreReplyError",
-    "StoreTimeout",
-    "StoreUnavailable",
+    "StoreClient",
+    "StorePipeline",
     "answers",
     "client",
     "is_sentinel_url",
     "load_scripts",
     "pipelined",
+    "run",
     "sentinel_primary",
+    "store_error",
     "subscribed",
+    "translated",
 ]

@@ -9,11 +9,10 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import cast
 
-from redis.exceptions import ResponseError
-
 from rollout_core.queue.envelope import read_queued
 from rollout_core.store.base import StoreBase, ms
 from rollout_core.store.connection import Pipeline, subscribed
+from rollout_core.store.errors import StoreReplyError
 from rollout_core.store.replies import FleetCounts, FleetFigures, FleetWorkers, WorkerBeat
 from rollout_core.store.schema import CancelOutcome, Change, RecordField, RecordKey
 
@@ -97,7 +96,7 @@ class FleetState(StoreBase):
         if not int(persistence.get("aof_enabled", 0)):
             try:
                 save = str((await self._redis.config_get("save")).get("save", ""))
-            except ResponseError:  # CONFIG is not allowed here: snapshots cannot be told
+            except StoreReplyError:  # CONFIG is not allowed here: snapshots cannot be told
                 save = "unknown"
             if not save.strip():
                 risks.append(

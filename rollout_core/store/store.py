@@ -12,7 +12,7 @@ share the names of ``schema.py`` (put in front of each as Lua locals) and the he
 from __future__ import annotations
 
 from rollout_core.store.admission import Admission
-from rollout_core.store.connection import NotReplicated
+from rollout_core.store.errors import NotReplicated
 from rollout_core.store.execution import Execution
 from rollout_core.store.fleet import FleetState
 from rollout_core.store.recovery import Recovery
