@@ -20,6 +20,7 @@ from rollout_core.store.schema import (
     RecordKey,
     Status,
 )
+from rollout_core.store.scripts import Script
 
 # What a trainer may be told of a record (``Admission.held``).
 _HELD = (RecordField.STATUS, RecordField.RESPONSE, RecordField.RESULT, RecordField.LEASE_DIGEST)
@@ -37,7 +38,7 @@ class Admission(StoreBase):
         (empty if it has none), never ``read`` confirmed by the new primary's replicas."""
         if not self._replicas:
             return read
-        values = await self._replicated("confirm", [key], _HELD)
+        values = await self._replicated(Script.CONFIRM, [key], _HELD)
         return record_of(_HELD, values or [None] * len(_HELD))  # [] if the record is gone
 
     async def admit_begin(self, key: RecordKey, token: str, pending_seconds: float) -> V1Admission:
@@ -46,7 +47,7 @@ class Admission(StoreBase):
         answer may have been a 503 whose record never reached them. If they hold no admitted
         record (a failover lost it since the read), the caller is told to wait and begin
         again: on the new primary, the key is then claimed afresh."""
-        reply = await self._run("admit_begin", [key], [token, ms(pending_seconds)])
+        reply = await self._run(Script.ADMIT_BEGIN, [key], [token, ms(pending_seconds)])
         if (start := AdmitStart(reply[0])) is not AdmitStart.REPLAY:
             return V1Admission(start)
         held = await self.held(key, RolloutRecord(status=Status(reply[2]), response=reply[1]))
@@ -76,19 +77,19 @@ class Admission(StoreBase):
             keys.append(self.keys.v1_alias(rollout_id))  # found by its rollout id too
         if not self._replicas:
             args = [token, ms(ttl_seconds), message, *flatten(fields)]
-            return bool(await self._run("admit_commit", keys, args))
+            return bool(await self._run(Script.ADMIT_COMMIT, keys, args))
         args = [token, ms(ttl_seconds), "", *flatten(fields)]
         try:
-            committed = bool(await self._replicated("admit_commit", keys, args))
+            committed = bool(await self._replicated(Script.ADMIT_COMMIT, keys, args))
         except NotReplicated:
-            await self._run("admit_withdraw", [key], [token])
+            await self._run(Script.ADMIT_WITHDRAW, [key], [token])
             raise
         if committed:
             await self._redis.lpush(self.queue, message)
         return committed
 
     async def admit_abort(self, key: RecordKey, token: str) -> None:
-        await self._run("admit_abort", [key], [token])
+        await self._run(Script.ADMIT_ABORT, [key], [token])
 
     async def admit_v2(
         self,
@@ -112,7 +113,7 @@ class Admission(StoreBase):
         ]
         if self._replicas:  # a retry may take it over until the replicas confirm it
             args += [RecordField.UNCONFIRMED, "1"]
-        outcome = AdmitOutcome(await self._replicated("admit_v2", [key, self.queue], args))
+        outcome = AdmitOutcome(await self._replicated(Script.ADMIT_V2, [key, self.queue], args))
         if self._replicas and outcome is AdmitOutcome.QUEUED:
             await self._redis.hdel(key, RecordField.UNCONFIRMED)
         return outcome
@@ -129,7 +130,7 @@ class Admission(StoreBase):
         """Authenticate, then the final result, or renew the polling lease and the status.
         An overdue lease finishes the rollout with ``lease_expired_result``."""
         args = [lease_digest, ms(poll_lease_seconds), ms(retention_seconds)]
-        reply = await self._run("poll", [key], [*args, lease_expired_result])
+        reply = await self._run(Script.POLL, [key], [*args, lease_expired_result])
         outcome = PollOutcome(reply[0])
         if outcome is PollOutcome.FINAL:
             # The final result as the replicas hold it; after a failover, the new primary's

@@ -24,6 +24,7 @@ from rollout_core.store.connection import (
 from rollout_core.store.errors import NotReplicated
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.schema import Keys, RecordField, RecordKey
+from rollout_core.store.scripts import Script
 
 
 def ms(seconds: float) -> int:
@@ -87,13 +88,13 @@ class StoreBase:
         if self._listener is not self._redis:
             await self._listener.aclose()
 
-    async def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await run(self._scripts[script], keys, args)
 
     async def _pipelined(self, fill: Callable[[Pipeline], Awaitable[None]]) -> list[Any]:
         return await pipelined(self._redis, fill)
 
-    async def _replicated(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _replicated(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """An admission script, then (when configured) ``WAIT`` on the same connection until
         ``admission_replicas`` replicas hold its writes: a rollout acknowledged to its trainer
         survives a failover to a replica."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rollout_core.settings import REDIS_COMMAND_TIMEOUT_SECONDS
 from rollout_core.store import errors
 from rollout_core.store.schema import Keys, lua_prelude
+from rollout_core.store.scripts import PRELUDE, Script
 
 POOL_WAIT_SECONDS = 10.0
 # One call against a Redis that does not answer gives up within RETRY_BUDGET_SECONDS: each try
@@ -138,14 +138,9 @@ async def run(script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> 
         raise store_error(error) from error
 
 
-def load_scripts(redis: Redis, keys: Keys) -> dict[str, AsyncScript]:
-    folder = resources.files("rollout_core.store") / "lua"
-    prelude = lua_prelude(keys) + (folder / "_prelude.lua").read_text()
-    return {
-        path.name.removesuffix(".lua"): redis.register_script(prelude + path.read_text())
-        for path in folder.iterdir()
-        if path.name.endswith(".lua") and not path.name.startswith("_")
-    }
+def load_scripts(redis: Redis, keys: Keys) -> dict[Script, AsyncScript]:
+    prelude = lua_prelude(keys) + PRELUDE.read_text()
+    return {script: redis.register_script(prelude + script.file.read_text()) for script in Script}
 
 
 class _SentinelConnection(SentinelManagedConnection):

@@ -14,6 +14,7 @@ from rollout_core.store.connection import subscribed
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.replies import Claim, WorkerBeat
 from rollout_core.store.schema import Advance, RecordField, RecordKey, Status, Verdict
+from rollout_core.store.scripts import Script
 
 
 class Execution(StoreBase):
@@ -43,7 +44,7 @@ class Execution(StoreBase):
         """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``,
         delivered as Celery task ``task_id``."""
         args = [execution, worker, ms(lease_seconds), max_attempts, task_id]
-        reply = await self._run("claim", [key], args)
+        reply = await self._run(Script.CLAIM, [key], args)
         verdict = Verdict(reply[0])
         if len(reply) == 1:
             return Claim(verdict)
@@ -59,7 +60,7 @@ class Execution(StoreBase):
         if not leases:
             return [], []
         args = [ms(lease_seconds), ms(inflight_ttl_seconds), *leases]
-        lost, stop = await self._run("renew", list(leases.values()), args)
+        lost, stop = await self._run(Script.RENEW, list(leases.values()), args)
         return list(lost), list(stop)
 
     async def advance(
@@ -84,14 +85,16 @@ class Execution(StoreBase):
             cancelled_result,
             *flatten(fields or {}),
         ]
-        return Advance(await self._run("advance", [key], args))
+        return Advance(await self._run(Script.ADVANCE, [key], args))
 
     async def release(
         self, key: RecordKey, execution: str, message: str, abandon: str = ""
     ) -> bool:
         """Give a rollout this worker runs back to the queue now; ``execution=""``: one it took
         but never started. ``abandon``: the reason to fail it with instead of running it again."""
-        return bool(await self._run("release", [key, self.queue], [execution, message, abandon]))
+        return bool(
+            await self._run(Script.RELEASE, [key, self.queue], [execution, message, abandon])
+        )
 
     async def beat(self, beat: WorkerBeat, ttl_seconds: int) -> None:
         """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself).

@@ -15,6 +15,7 @@ from rollout_core.store.connection import Pipeline, subscribed
 from rollout_core.store.errors import StoreReplyError
 from rollout_core.store.replies import FleetCounts, FleetFigures, FleetWorkers, WorkerBeat
 from rollout_core.store.schema import CancelOutcome, Change, RecordField, RecordKey
+from rollout_core.store.scripts import Script
 
 
 class FleetState(StoreBase):
@@ -35,7 +36,7 @@ class FleetState(StoreBase):
         async def fill(pipe: Pipeline) -> None:
             for key, result in cancelled_results.items():
                 args: list[int | str] = [ms(retention_seconds), result]
-                await self._scripts["cancel"](keys=[key], args=args, client=pipe)
+                await self._scripts[Script.CANCEL](keys=[key], args=args, client=pipe)
 
         outcomes = await self._pipelined(fill)
         return {
@@ -177,7 +178,7 @@ class FleetState(StoreBase):
     async def tick(self) -> tuple[int, float]:
         """This process reached Redis: the polling leases' clock ticks (``tick.lua``). How
         many outages the clock has found, and the last one's length in seconds."""
-        outages, away_ms = await self._run("tick", [], [])
+        outages, away_ms = await self._run(Script.TICK, [], [])
         return int(outages or 0), int(away_ms or 0) / 1000
 
 

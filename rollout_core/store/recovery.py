@@ -22,6 +22,7 @@ from rollout_core.store.schema import (
     RecordKey,
     Status,
 )
+from rollout_core.store.scripts import Script
 
 
 class Recovery(StoreBase):
@@ -30,7 +31,7 @@ class Recovery(StoreBase):
     # --- recovery (sweeper) -------------------------------------------------------------
 
     async def lapsed_leases(self, limit: int) -> list[RecordKey]:
-        return list(await self._run("lapsed", [], [limit]))
+        return list(await self._run(Script.LAPSED, [], [limit]))
 
     @staticmethod
     def seconds_since_trouble() -> float:
@@ -44,7 +45,7 @@ class Recovery(StoreBase):
         return float(info["uptime_in_seconds"])
 
     async def requeue(self, key: RecordKey, message: str) -> bool:
-        return bool(await self._run("requeue", [key, self.queue], [message]))
+        return bool(await self._run(Script.REQUEUE, [key, self.queue], [message]))
 
     async def stale_deliveries(self, taken_before: float, page: int) -> list[tuple[str, RecordKey]]:
         """(delivery tag, record) of this fleet's rollout messages workers took before
@@ -79,7 +80,7 @@ class Recovery(StoreBase):
     async def restore_unstarted(self, key: RecordKey, tag: str, message: str) -> bool:
         """Requeue a taken message whose rollout never started (its taker died)."""
         keys = [key, UNACKED, UNACKED_INDEX, self.queue]
-        return bool(await self._run("restore", keys, [tag, message]))
+        return bool(await self._run(Script.RESTORE, keys, [tag, message]))
 
     async def waiting_without_message(self, limit: int = 2000) -> set[RecordKey]:
         """Rollouts waiting for a worker whose message is neither in the queue nor among the
@@ -166,7 +167,7 @@ class Recovery(StoreBase):
 
     async def resend(self, key: RecordKey, message: str, guard_seconds: float) -> bool:
         """Give a waiting rollout whose message was lost a new one (once per guard period)."""
-        return bool(await self._run("resend", [key, self.queue], [message, ms(guard_seconds)]))
+        return bool(await self._run(Script.RESEND, [key, self.queue], [message, ms(guard_seconds)]))
 
     async def swap_lost_suspects(self, found: set[RecordKey], ttl_seconds: float) -> set[RecordKey]:
         """Keep this check's suspects (for ``ttl_seconds``); return the previous check's."""
@@ -182,7 +183,7 @@ class Recovery(StoreBase):
 
     async def overdue_polls(self, limit: int) -> list[RecordKey]:
         """v2 rollouts nobody polled in time."""
-        return list(await self._run("overdue_polls", [], [limit]))
+        return list(await self._run(Script.OVERDUE_POLLS, [], [limit]))
 
     async def expire_polls(
         self, lease_expired_results: Mapping[RecordKey, str], retention_seconds: float
@@ -193,7 +194,7 @@ class Recovery(StoreBase):
         async def fill(pipe: Pipeline) -> None:
             for key, result in lease_expired_results.items():
                 args: list[int | str] = [result, ms(retention_seconds)]
-                await self._scripts["expire_poll"](keys=[key], args=args, client=pipe)
+                await self._scripts[Script.EXPIRE_POLL](keys=[key], args=args, client=pipe)
 
         expired = await self._pipelined(fill)
         return sum(map(int, expired))
@@ -201,7 +202,7 @@ class Recovery(StoreBase):
     async def prune(self, inflight_ttl_seconds: float, batch: int = 1000) -> None:
         """Drop the index entries of records whose TTL ran out; renew the TTL of up to
         ``batch`` rollouts that have waited half of it (a backlog must not expire)."""
-        await self._run("prune", [], [ms(inflight_ttl_seconds), batch])
+        await self._run(Script.PRUNE, [], [ms(inflight_ttl_seconds), batch])
 
 
 __all__ = ["Recovery"]
