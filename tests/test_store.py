@@ -28,6 +28,7 @@ from rollout_core.store import (
     RecordStore,
     Status,
     Verdict,
+    replies,
 )
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX, ClockField
 from rollout_core.store.scripts import Script
@@ -800,7 +801,7 @@ async def test_a_withdrawn_admission_takes_its_alias_along(
     store: RecordStore, redis: Redis
 ) -> None:
     key = await admitted_as(store, "r", "key-1")
-    await store._run(Script.ADMIT_WITHDRAW, [key], ["tok"])
+    assert await store._run(Script.ADMIT_WITHDRAW, [key], ["tok"], replies.flag)
     assert await redis.exists(key, store.keys.v1_alias("r")) == 0
     assert await store.find("r") is None
 

@@ -8,22 +8,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
-from rollout_core.store.base import StoreBase, flatten, ms, record_of
+from rollout_core.store import replies
+from rollout_core.store.base import Arg, StoreBase, flatten, ms
 from rollout_core.store.errors import NotReplicated
 from rollout_core.store.record import RolloutRecord
-from rollout_core.store.replies import PollReply, V1Admission
+from rollout_core.store.replies import (
+    HELD_FIELDS,
+    Finished,
+    PollReply,
+    Replayed,
+    Unfinished,
+    V1Admission,
+)
 from rollout_core.store.schema import (
     AdmitOutcome,
     AdmitStart,
     PollOutcome,
     RecordField,
     RecordKey,
-    Status,
 )
 from rollout_core.store.scripts import Script
-
-# What a trainer may be told of a record (``Admission.held``).
-_HELD = (RecordField.STATUS, RecordField.RESPONSE, RecordField.RESULT, RecordField.LEASE_DIGEST)
 
 
 class Admission(StoreBase):
@@ -38,8 +42,7 @@ class Admission(StoreBase):
         (empty if it has none), never ``read`` confirmed by the new primary's replicas."""
         if not self._replicas:
             return read
-        values = await self._replicated(Script.CONFIRM, [key], _HELD)
-        return record_of(_HELD, values or [None] * len(_HELD))  # [] if the record is gone
+        return await self._replicated(Script.CONFIRM, [key], HELD_FIELDS, replies.confirm)
 
     async def admit_begin(self, key: RecordKey, token: str, pending_seconds: float) -> V1Admission:
         """Claim the key, or learn what is known of it. A replay (the record is there: the
@@ -47,10 +50,11 @@ class Admission(StoreBase):
         answer may have been a 503 whose record never reached them. If they hold no admitted
         record (a failover lost it since the read), the caller is told to wait and begin
         again: on the new primary, the key is then claimed afresh."""
-        reply = await self._run(Script.ADMIT_BEGIN, [key], [token, ms(pending_seconds)])
-        if (start := AdmitStart(reply[0])) is not AdmitStart.REPLAY:
-            return V1Admission(start)
-        held = await self.held(key, RolloutRecord(status=Status(reply[2]), response=reply[1]))
+        args: list[Arg] = [token, ms(pending_seconds)]
+        begun = await self._run(Script.ADMIT_BEGIN, [key], args, replies.admit_begin)
+        if not isinstance(begun, Replayed):
+            return V1Admission(begun)
+        held = await self.held(key, RolloutRecord(status=begun.status, response=begun.response))
         if held.admitted and held.response is not None:
             return V1Admission(AdmitStart.REPLAY, held.response)
         return V1Admission(AdmitStart.WAIT)
@@ -71,25 +75,25 @@ class Admission(StoreBase):
         calls back, and a retry admits it afresh. A confirmed record whose message then fails
         to go (the gateway dies) is a queued record without a message: the workers' sweeper
         resends it, as for any lost message."""
-        keys = [key, self.queue]
+        keys: list[str] = [key, self.queue]
         rollout_id = fields.get(RecordField.ROLLOUT_ID)
         if rollout_id is not None and self.keys.record("v1", rollout_id) != key:
             keys.append(self.keys.v1_alias(rollout_id))  # found by its rollout id too
         if not self._replicas:
-            args = [token, ms(ttl_seconds), message, *flatten(fields)]
-            return bool(await self._run(Script.ADMIT_COMMIT, keys, args))
+            args: list[Arg] = [token, ms(ttl_seconds), message, *flatten(fields)]
+            return await self._run(Script.ADMIT_COMMIT, keys, args, replies.flag)
         args = [token, ms(ttl_seconds), "", *flatten(fields)]
         try:
-            committed = bool(await self._replicated(Script.ADMIT_COMMIT, keys, args))
+            committed = await self._replicated(Script.ADMIT_COMMIT, keys, args, replies.flag)
         except NotReplicated:
-            await self._run(Script.ADMIT_WITHDRAW, [key], [token])
+            await self._run(Script.ADMIT_WITHDRAW, [key], [token], replies.flag)
             raise
         if committed:
             await self._redis.lpush(self.queue, message)
         return committed
 
     async def admit_abort(self, key: RecordKey, token: str) -> None:
-        await self._run(Script.ADMIT_ABORT, [key], [token])
+        await self._run(Script.ADMIT_ABORT, [key], [token], replies.flag)
 
     async def admit_v2(
         self,
@@ -102,7 +106,7 @@ class Admission(StoreBase):
         lease_digest: str,
         fields: Mapping[RecordField, str],
     ) -> AdmitOutcome:
-        args = [
+        args: list[Arg] = [
             max_queued,
             ms(poll_lease_seconds),
             ms(ttl_seconds),
@@ -113,7 +117,8 @@ class Admission(StoreBase):
         ]
         if self._replicas:  # a retry may take it over until the replicas confirm it
             args += [RecordField.UNCONFIRMED, "1"]
-        outcome = AdmitOutcome(await self._replicated(Script.ADMIT_V2, [key, self.queue], args))
+        keys = [key, self.queue]
+        outcome = await self._replicated(Script.ADMIT_V2, keys, args, replies.admit_v2)
         if self._replicas and outcome is AdmitOutcome.QUEUED:
             await self._redis.hdel(key, RecordField.UNCONFIRMED)
         return outcome
@@ -129,21 +134,22 @@ class Admission(StoreBase):
     ) -> PollReply:
         """Authenticate, then the final result, or renew the polling lease and the status.
         An overdue lease finishes the rollout with ``lease_expired_result``."""
-        args = [lease_digest, ms(poll_lease_seconds), ms(retention_seconds)]
-        reply = await self._run(Script.POLL, [key], [*args, lease_expired_result])
-        outcome = PollOutcome(reply[0])
-        if outcome is PollOutcome.FINAL:
-            # The final result as the replicas hold it; after a failover, the new primary's
-            # record (unfinished there: its status is the answer; gone: unknown).
-            held = await self.held(key, RolloutRecord(status=Status(reply[2]), result=reply[1]))
-            if held.finished and held.result is not None:
-                return PollReply(outcome, result=held.result)
-            if held.status is not None:
-                return PollReply(PollOutcome.STATUS, status=held.status)
-            return PollReply(PollOutcome.UNKNOWN)
-        if outcome is PollOutcome.STATUS:
-            return PollReply(outcome, status=Status(reply[1]))
-        return PollReply(outcome)
+        args: list[Arg] = [lease_digest, ms(poll_lease_seconds), ms(retention_seconds)]
+        args.append(lease_expired_result)
+        match await self._run(Script.POLL, [key], args, replies.poll):
+            case Finished(result=result, status=status):
+                # The final result as the replicas hold it; after a failover, the new
+                # primary's record (unfinished there: its status is the answer; gone: unknown).
+                held = await self.held(key, RolloutRecord(status=status, result=result))
+                if held.finished and held.result is not None:
+                    return PollReply(PollOutcome.FINAL, result=held.result)
+                if held.status is not None:
+                    return PollReply(PollOutcome.STATUS, status=held.status)
+                return PollReply(PollOutcome.UNKNOWN)
+            case Unfinished(status=status):
+                return PollReply(PollOutcome.STATUS, status=status)
+            case refused:
+                return PollReply(refused)
 
     async def fence_admissions(self, ttl_seconds: float) -> None:
         """Refuse admissions fleet-wide for ``ttl_seconds`` (a forgotten fence expires)."""

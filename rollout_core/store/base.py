@@ -10,9 +10,10 @@ converts.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Self, cast
+from typing import Self, cast
 
 from rollout_core.settings import FleetSettings
+from rollout_core.store import replies
 from rollout_core.store.connection import (
     Pipeline,
     StoreClient,
@@ -23,8 +24,12 @@ from rollout_core.store.connection import (
 )
 from rollout_core.store.errors import NotReplicated
 from rollout_core.store.record import RolloutRecord
+from rollout_core.store.replies import Reply
 from rollout_core.store.schema import Keys, RecordField, RecordKey
 from rollout_core.store.scripts import Script
+
+type Arg = str | int  # a script's argument (a RecordField is a str)
+type Parse[T] = Callable[[Reply], T]  # how a script's reply is read
 
 
 def ms(seconds: float) -> int:
@@ -88,30 +93,35 @@ class StoreBase:
         if self._listener is not self._redis:
             await self._listener.aclose()
 
-    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await run(self._scripts[script], keys, args)
+    async def _run[T](
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], parse: Parse[T]
+    ) -> T:
+        """Run ``script``; its reply as ``parse`` (its function in ``replies``) reads it."""
+        return parse(await run(self._scripts[script], keys, args))
 
-    async def _pipelined(self, fill: Callable[[Pipeline], Awaitable[None]]) -> list[Any]:
+    async def _pipelined(self, fill: Callable[[Pipeline], Awaitable[None]]) -> list[Reply]:
         return await pipelined(self._redis, fill)
 
-    async def _replicated(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _replicated[T](
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], parse: Parse[T]
+    ) -> T:
         """An admission script, then (when configured) ``WAIT`` on the same connection until
         ``admission_replicas`` replicas hold its writes: a rollout acknowledged to its trainer
         survives a failover to a replica."""
         if not self._replicas:
-            return await self._run(script, keys, args)
+            return await self._run(script, keys, args, parse)
 
         async def fill(pipe: Pipeline) -> None:
             await self._scripts[script](keys=list(keys), args=list(args), client=pipe)
             pipe.execute_command("WAIT", self._replicas, ms(self._replica_timeout))
 
         reply, acknowledged = await self._pipelined(fill)
-        if int(acknowledged) < self._replicas:
+        if replies.count(acknowledged) < self._replicas:
             raise NotReplicated(
                 f"{acknowledged} of {self._replicas} replicas acknowledged the write "
                 f"within {self._replica_timeout:g}s (ROLLOUT_FLEET_ADMISSION_REPLICAS)"
             )
-        return reply
+        return parse(reply)
 
     async def ping(self) -> None:
         await self._redis.ping()

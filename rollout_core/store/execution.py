@@ -9,11 +9,11 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import cast
 
-from rollout_core.store.base import StoreBase, flatten, ms
+from rollout_core.store import replies
+from rollout_core.store.base import Arg, StoreBase, flatten, ms
 from rollout_core.store.connection import subscribed
-from rollout_core.store.record import RolloutRecord
-from rollout_core.store.replies import Claim, WorkerBeat
-from rollout_core.store.schema import Advance, RecordField, RecordKey, Status, Verdict
+from rollout_core.store.replies import Claim, Renewal, WorkerBeat
+from rollout_core.store.schema import Advance, RecordField, RecordKey, Status
 from rollout_core.store.scripts import Script
 
 
@@ -43,25 +43,18 @@ class Execution(StoreBase):
     ) -> Claim:
         """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``,
         delivered as Celery task ``task_id``."""
-        args = [execution, worker, ms(lease_seconds), max_attempts, task_id]
-        reply = await self._run(Script.CLAIM, [key], args)
-        verdict = Verdict(reply[0])
-        if len(reply) == 1:
-            return Claim(verdict)
-        fields = reply[3:]
-        record = RolloutRecord.parse(dict(zip(fields[::2], fields[1::2], strict=True)))
-        return Claim(verdict, int(reply[1]), int(reply[2]) / 1000, record)
+        args: list[Arg] = [execution, worker, ms(lease_seconds), max_attempts, task_id]
+        return await self._run(Script.CLAIM, [key], args, replies.claim)
 
     async def renew(
         self, leases: Mapping[str, RecordKey], lease_seconds: float, inflight_ttl_seconds: float
-    ) -> tuple[list[str], list[str]]:
+    ) -> Renewal:
         """Extend each ``execution → record`` lease still held; returns the executions that
         lost theirs, and the ones whose rollout's cancellation was requested."""
         if not leases:
-            return [], []
-        args = [ms(lease_seconds), ms(inflight_ttl_seconds), *leases]
-        lost, stop = await self._run(Script.RENEW, list(leases.values()), args)
-        return list(lost), list(stop)
+            return Renewal([], [])
+        args: list[Arg] = [ms(lease_seconds), ms(inflight_ttl_seconds), *leases]
+        return await self._run(Script.RENEW, list(leases.values()), args, replies.renew)
 
     async def advance(
         self,
@@ -77,7 +70,7 @@ class Execution(StoreBase):
         """Move the rollout to ``status`` (a terminal one keeps the record ``retention_seconds``).
         If its cancellation was requested, a success (or a result about to be delivered) is
         replaced by ``cancelled_result`` when one is given."""
-        args = [
+        args: list[Arg] = [
             execution,
             status.value,
             result,
@@ -85,16 +78,15 @@ class Execution(StoreBase):
             cancelled_result,
             *flatten(fields or {}),
         ]
-        return Advance(await self._run(Script.ADVANCE, [key], args))
+        return await self._run(Script.ADVANCE, [key], args, replies.advance)
 
     async def release(
         self, key: RecordKey, execution: str, message: str, abandon: str = ""
     ) -> bool:
         """Give a rollout this worker runs back to the queue now; ``execution=""``: one it took
         but never started. ``abandon``: the reason to fail it with instead of running it again."""
-        return bool(
-            await self._run(Script.RELEASE, [key, self.queue], [execution, message, abandon])
-        )
+        args = [execution, message, abandon]
+        return await self._run(Script.RELEASE, [key, self.queue], args, replies.flag)
 
     async def beat(self, beat: WorkerBeat, ttl_seconds: int) -> None:
         """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself).

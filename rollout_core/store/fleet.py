@@ -10,10 +10,17 @@ from collections.abc import AsyncIterator, Mapping
 from typing import cast
 
 from rollout_core.queue.envelope import read_queued
+from rollout_core.store import replies
 from rollout_core.store.base import StoreBase, ms
 from rollout_core.store.connection import Pipeline, subscribed
 from rollout_core.store.errors import StoreReplyError
-from rollout_core.store.replies import FleetCounts, FleetFigures, FleetWorkers, WorkerBeat
+from rollout_core.store.replies import (
+    ClockTicks,
+    FleetCounts,
+    FleetFigures,
+    FleetWorkers,
+    WorkerBeat,
+)
 from rollout_core.store.schema import CancelOutcome, Change, RecordField, RecordKey
 from rollout_core.store.scripts import Script
 
@@ -40,7 +47,7 @@ class FleetState(StoreBase):
 
         outcomes = await self._pipelined(fill)
         return {
-            key: CancelOutcome(outcome)
+            key: replies.cancel(outcome)
             for key, outcome in zip(cancelled_results, outcomes, strict=True)
         }
 
@@ -175,11 +182,10 @@ class FleetState(StoreBase):
             owner, existing = await pipe.execute()
         return owner == self.keys.prefix or int(existing) > 0
 
-    async def tick(self) -> tuple[int, float]:
+    async def tick(self) -> ClockTicks:
         """This process reached Redis: the polling leases' clock ticks (``tick.lua``). How
         many outages the clock has found, and the last one's length in seconds."""
-        outages, away_ms = await self._run(Script.TICK, [], [])
-        return int(outages or 0), int(away_ms or 0) / 1000
+        return await self._run(Script.TICK, [], [], replies.tick)
 
 
 __all__ = ["FleetState"]

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import cast
 
 from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_delivery
-from rollout_core.store.base import StoreBase, ms
+from rollout_core.store import replies
+from rollout_core.store.base import Arg, StoreBase, ms
 from rollout_core.store.connection import BudgetedRetry, Pipeline
 from rollout_core.store.schema import (
     UNACKED,
@@ -31,7 +32,7 @@ class Recovery(StoreBase):
     # --- recovery (sweeper) -------------------------------------------------------------
 
     async def lapsed_leases(self, limit: int) -> list[RecordKey]:
-        return list(await self._run(Script.LAPSED, [], [limit]))
+        return await self._run(Script.LAPSED, [], [limit], replies.record_keys)
 
     @staticmethod
     def seconds_since_trouble() -> float:
@@ -45,7 +46,7 @@ class Recovery(StoreBase):
         return float(info["uptime_in_seconds"])
 
     async def requeue(self, key: RecordKey, message: str) -> bool:
-        return bool(await self._run(Script.REQUEUE, [key, self.queue], [message]))
+        return await self._run(Script.REQUEUE, [key, self.queue], [message], replies.flag)
 
     async def stale_deliveries(self, taken_before: float, page: int) -> list[tuple[str, RecordKey]]:
         """(delivery tag, record) of this fleet's rollout messages workers took before
@@ -80,7 +81,7 @@ class Recovery(StoreBase):
     async def restore_unstarted(self, key: RecordKey, tag: str, message: str) -> bool:
         """Requeue a taken message whose rollout never started (its taker died)."""
         keys = [key, UNACKED, UNACKED_INDEX, self.queue]
-        return bool(await self._run(Script.RESTORE, keys, [tag, message]))
+        return await self._run(Script.RESTORE, keys, [tag, message], replies.flag)
 
     async def waiting_without_message(self, limit: int = 2000) -> set[RecordKey]:
         """Rollouts waiting for a worker whose message is neither in the queue nor among the
@@ -167,7 +168,8 @@ class Recovery(StoreBase):
 
     async def resend(self, key: RecordKey, message: str, guard_seconds: float) -> bool:
         """Give a waiting rollout whose message was lost a new one (once per guard period)."""
-        return bool(await self._run(Script.RESEND, [key, self.queue], [message, ms(guard_seconds)]))
+        args: list[Arg] = [message, ms(guard_seconds)]
+        return await self._run(Script.RESEND, [key, self.queue], args, replies.flag)
 
     async def swap_lost_suspects(self, found: set[RecordKey], ttl_seconds: float) -> set[RecordKey]:
         """Keep this check's suspects (for ``ttl_seconds``); return the previous check's."""
@@ -183,7 +185,7 @@ class Recovery(StoreBase):
 
     async def overdue_polls(self, limit: int) -> list[RecordKey]:
         """v2 rollouts nobody polled in time."""
-        return list(await self._run(Script.OVERDUE_POLLS, [], [limit]))
+        return await self._run(Script.OVERDUE_POLLS, [], [limit], replies.record_keys)
 
     async def expire_polls(
         self, lease_expired_results: Mapping[RecordKey, str], retention_seconds: float
@@ -197,12 +199,12 @@ class Recovery(StoreBase):
                 await self._scripts[Script.EXPIRE_POLL](keys=[key], args=args, client=pipe)
 
         expired = await self._pipelined(fill)
-        return sum(map(int, expired))
+        return sum(map(replies.flag, expired))
 
     async def prune(self, inflight_ttl_seconds: float, batch: int = 1000) -> None:
         """Drop the index entries of records whose TTL ran out; renew the TTL of up to
         ``batch`` rollouts that have waited half of it (a backlog must not expire)."""
-        await self._run(Script.PRUNE, [], [ms(inflight_ttl_seconds), batch])
+        await self._run(Script.PRUNE, [], [ms(inflight_ttl_seconds), batch], replies.flag)
 
 
 __all__ = ["Recovery"]
