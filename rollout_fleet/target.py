@@ -208,12 +208,15 @@ def _said(exc: BaseException, target: FleetTarget) -> str:
 
 
 def _reason(exc: BaseException, target: FleetTarget) -> str:
-    """Why a connection failed, in a few words when the operating system said why."""
+    """Why a connection failed, in a few words when the operating system said why (the
+    store's error is caused by the client's, which is caused by the system's)."""
     cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, socket.gaierror):
-        return "its host name does not resolve"
-    if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
-        return "connection refused"
+    while cause is not None:
+        if isinstance(cause, socket.gaierror):
+            return "its host name does not resolve"
+        if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
+            return "connection refused"
+        cause = cause.__cause__ or cause.__context__
     return _said(exc, target)
 
 
