@@ -177,15 +177,17 @@ def test_only_the_store_connection_knows_redis_exceptions() -> None:
 
 
 def string_script_names(paths: list[Path]) -> list[str]:
-    """Script runs (``_run``, ``_replicated``, ``_scripts[...]``) naming their script by
-    anything but a ``Script`` member (or a parameter passing one on)."""
-    found = []
+    """Script runs (``_run``, ``_replicated``, ``_queue``, ``_scripts[...]``) naming their
+    script by anything but a ``Script`` member (or a parameter passing one on)."""
+    found: list[tuple[Path, int, str]] = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             named: ast.expr | None = None
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 if node.func.attr in ("_run", "_replicated") and node.args:
                     named = node.args[0]
+                elif node.func.attr == "_queue" and len(node.args) > 1:
+                    named = node.args[1]  # after the pipeline
             elif (
                 isinstance(node, ast.Subscript)
                 and isinstance(node.value, ast.Attribute)
@@ -200,8 +202,8 @@ def string_script_names(paths: list[Path]) -> list[str]:
                 and named.value.id == "Script"
             )
             if not member and not (isinstance(named, ast.Name) and named.id == "script"):
-                found.append(f"{where(path, node.lineno)} names a script by {ast.unparse(named)}")
-    return found
+                found.append((path, node.lineno, ast.unparse(named)))
+    return [f"{where(path, line)} names a script by {named}" for path, line, named in sorted(found)]
 
 
 def test_scripts_are_named_by_their_enum() -> None:
@@ -263,15 +265,17 @@ def test_the_store_checks_catch_what_they_forbid(tmp_path: Path) -> None:
         "    await store._scripts['cancel'](keys=[], args=[])\n"
         "    await store.claim('k', 'e', 'w', 1, 1)\n"
         "    await store._run(Script.CLAIM, [], [], parse)\n"
+        "    await store._queue(pipe, 'expire_poll', [], [])\n"
         "    return redis.RedisError\n"
     )
     assert redis_error_imports([sneaky]) == [
         f"{sneaky}:1 imports redis exceptions",
         f"{sneaky}:2 imports redis exceptions",
-        f"{sneaky}:8 uses redis.RedisError",
+        f"{sneaky}:9 uses redis.RedisError",
     ]
     assert string_script_names([sneaky]) == [
         f"{sneaky}:4 names a script by 'claim'",
         f"{sneaky}:5 names a script by 'cancel'",
+        f"{sneaky}:8 names a script by 'expire_poll'",
     ]
     assert calls_of([sneaky], methods_of(WORKER_ONLY)) == [f"{sneaky}:6 uses .claim"]

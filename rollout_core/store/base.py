@@ -100,7 +100,14 @@ class StoreBase:
         return parse(await run(self._scripts[script], keys, args))
 
     async def _pipelined(self, fill: Callable[[Pipeline], Awaitable[None]]) -> list[Reply]:
+        """The commands ``fill`` queues, in one round trip; their replies, to parse."""
         return await pipelined(self._redis, fill)
+
+    async def _queue(
+        self, pipe: Pipeline, script: Script, keys: Sequence[str], args: Sequence[Arg]
+    ) -> None:
+        """Queue a run of ``script`` in ``pipe`` (its reply comes with the pipeline's)."""
+        await self._scripts[script](keys=list(keys), args=list(args), client=pipe)
 
     async def _replicated[T](
         self, script: Script, keys: Sequence[str], args: Sequence[Arg], parse: Parse[T]
@@ -112,7 +119,7 @@ class StoreBase:
             return await self._run(script, keys, args, parse)
 
         async def fill(pipe: Pipeline) -> None:
-            await self._scripts[script](keys=list(keys), args=list(args), client=pipe)
+            await self._queue(pipe, script, keys, args)
             pipe.execute_command("WAIT", self._replicas, ms(self._replica_timeout))
 
         reply, acknowledged = await self._pipelined(fill)

@@ -42,8 +42,7 @@ class FleetState(StoreBase):
 
         async def fill(pipe: Pipeline) -> None:
             for key, result in cancelled_results.items():
-                args: list[int | str] = [ms(retention_seconds), result]
-                await self._scripts[Script.CANCEL](keys=[key], args=args, client=pipe)
+                await self._queue(pipe, Script.CANCEL, [key], [ms(retention_seconds), result])
 
         outcomes = await self._pipelined(fill)
         return {

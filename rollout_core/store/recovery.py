@@ -195,8 +195,8 @@ class Recovery(StoreBase):
 
         async def fill(pipe: Pipeline) -> None:
             for key, result in lease_expired_results.items():
-                args: list[int | str] = [result, ms(retention_seconds)]
-                await self._scripts[Script.EXPIRE_POLL](keys=[key], args=args, client=pipe)
+                args: list[Arg] = [result, ms(retention_seconds)]
+                await self._queue(pipe, Script.EXPIRE_POLL, [key], args)
 
         expired = await self._pipelined(fill)
         return sum(map(replies.flag, expired))
