@@ -801,7 +801,7 @@ async def test_a_withdrawn_admission_takes_its_alias_along(
     store: RecordStore, redis: Redis
 ) -> None:
     key = await admitted_as(store, "r", "key-1")
-    assert await store._run(Script.ADMIT_WITHDRAW, [key], ["tok"], replies.flag)
+    assert replies.flag(await store._run(Script.ADMIT_WITHDRAW, [key], ["tok"]))
     assert await redis.exists(key, store.keys.v1_alias("r")) == 0
     assert await store.find("r") is None
 

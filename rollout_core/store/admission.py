@@ -42,7 +42,7 @@ class Admission(StoreBase):
         (empty if it has none), never ``read`` confirmed by the new primary's replicas."""
         if not self._replicas:
             return read
-        return await self._replicated(Script.CONFIRM, [key], HELD_FIELDS, replies.confirm)
+        return replies.confirm(await self._replicated(Script.CONFIRM, [key], HELD_FIELDS))
 
     async def admit_begin(self, key: RecordKey, token: str, pending_seconds: float) -> V1Admission:
         """Claim the key, or learn what is known of it. A replay (the record is there: the
@@ -51,7 +51,7 @@ class Admission(StoreBase):
         record (a failover lost it since the read), the caller is told to wait and begin
         again: on the new primary, the key is then claimed afresh."""
         args: list[Arg] = [token, ms(pending_seconds)]
-        begun = await self._run(Script.ADMIT_BEGIN, [key], args, replies.admit_begin)
+        begun = replies.admit_begin(await self._run(Script.ADMIT_BEGIN, [key], args))
         if not isinstance(begun, Replayed):
             return V1Admission(begun)
         held = await self.held(key, RolloutRecord(status=begun.status, response=begun.response))
@@ -81,19 +81,19 @@ class Admission(StoreBase):
             keys.append(self.keys.v1_alias(rollout_id))  # found by its rollout id too
         if not self._replicas:
             args: list[Arg] = [token, ms(ttl_seconds), message, *flatten(fields)]
-            return await self._run(Script.ADMIT_COMMIT, keys, args, replies.flag)
+            return replies.flag(await self._run(Script.ADMIT_COMMIT, keys, args))
         args = [token, ms(ttl_seconds), "", *flatten(fields)]
         try:
-            committed = await self._replicated(Script.ADMIT_COMMIT, keys, args, replies.flag)
+            committed = replies.flag(await self._replicated(Script.ADMIT_COMMIT, keys, args))
         except NotReplicated:
-            await self._run(Script.ADMIT_WITHDRAW, [key], [token], replies.flag)
+            await self._run(Script.ADMIT_WITHDRAW, [key], [token])
             raise
         if committed:
             await self._redis.lpush(self.queue, message)
         return committed
 
     async def admit_abort(self, key: RecordKey, token: str) -> None:
-        await self._run(Script.ADMIT_ABORT, [key], [token], replies.flag)
+        await self._run(Script.ADMIT_ABORT, [key], [token])
 
     async def admit_v2(
         self,
@@ -118,7 +118,7 @@ class Admission(StoreBase):
         if self._replicas:  # a retry may take it over until the replicas confirm it
             args += [RecordField.UNCONFIRMED, "1"]
         keys = [key, self.queue]
-        outcome = await self._replicated(Script.ADMIT_V2, keys, args, replies.admit_v2)
+        outcome = replies.admit_v2(await self._replicated(Script.ADMIT_V2, keys, args))
         if self._replicas and outcome is AdmitOutcome.QUEUED:
             await self._redis.hdel(key, RecordField.UNCONFIRMED)
         return outcome
@@ -136,7 +136,7 @@ class Admission(StoreBase):
         An overdue lease finishes the rollout with ``lease_expired_result``."""
         args: list[Arg] = [lease_digest, ms(poll_lease_seconds), ms(retention_seconds)]
         args.append(lease_expired_result)
-        match await self._run(Script.POLL, [key], args, replies.poll):
+        match replies.poll(await self._run(Script.POLL, [key], args)):
             case Finished(result=result, status=status):
                 # The final result as the replicas hold it; after a failover, the new
                 # primary's record (unfinished there: its status is the answer; gone: unknown).

@@ -29,7 +29,6 @@ from rollout_core.store.schema import Keys, RecordField, RecordKey
 from rollout_core.store.scripts import Script
 
 type Arg = str | int  # a script's argument (a RecordField is a str)
-type Parse[T] = Callable[[Reply], T]  # how a script's reply is read
 
 
 def ms(seconds: float) -> int:
@@ -93,11 +92,10 @@ class StoreBase:
         if self._listener is not self._redis:
             await self._listener.aclose()
 
-    async def _run[T](
-        self, script: Script, keys: Sequence[str], args: Sequence[Arg], parse: Parse[T]
-    ) -> T:
-        """Run ``script``; its reply as ``parse`` (its function in ``replies``) reads it."""
-        return parse(await run(self._scripts[script], keys, args))
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        """Run ``script``; its reply, for the script's function in ``replies`` to read."""
+        reply: Reply = await run(self._scripts[script], keys, args)
+        return reply
 
     async def _pipelined(self, fill: Callable[[Pipeline], Awaitable[None]]) -> list[Reply]:
         """The commands ``fill`` queues, in one round trip; their replies, to parse."""
@@ -109,14 +107,12 @@ class StoreBase:
         """Queue a run of ``script`` in ``pipe`` (its reply comes with the pipeline's)."""
         await self._scripts[script](keys=list(keys), args=list(args), client=pipe)
 
-    async def _replicated[T](
-        self, script: Script, keys: Sequence[str], args: Sequence[Arg], parse: Parse[T]
-    ) -> T:
+    async def _replicated(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """An admission script, then (when configured) ``WAIT`` on the same connection until
         ``admission_replicas`` replicas hold its writes: a rollout acknowledged to its trainer
         survives a failover to a replica."""
         if not self._replicas:
-            return await self._run(script, keys, args, parse)
+            return await self._run(script, keys, args)
 
         async def fill(pipe: Pipeline) -> None:
             await self._queue(pipe, script, keys, args)
@@ -128,7 +124,7 @@ class StoreBase:
                 f"{acknowledged} of {self._replicas} replicas acknowledged the write "
                 f"within {self._replica_timeout:g}s (ROLLOUT_FLEET_ADMISSION_REPLICAS)"
             )
-        return parse(reply)
+        return reply
 
     async def ping(self) -> None:
         await self._redis.ping()

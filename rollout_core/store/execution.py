@@ -44,7 +44,7 @@ class Execution(StoreBase):
         """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``,
         delivered as Celery task ``task_id``."""
         args: list[Arg] = [execution, worker, ms(lease_seconds), max_attempts, task_id]
-        return await self._run(Script.CLAIM, [key], args, replies.claim)
+        return replies.claim(await self._run(Script.CLAIM, [key], args))
 
     async def renew(
         self, leases: Mapping[str, RecordKey], lease_seconds: float, inflight_ttl_seconds: float
@@ -54,7 +54,7 @@ class Execution(StoreBase):
         if not leases:
             return Renewal([], [])
         args: list[Arg] = [ms(lease_seconds), ms(inflight_ttl_seconds), *leases]
-        return await self._run(Script.RENEW, list(leases.values()), args, replies.renew)
+        return replies.renew(await self._run(Script.RENEW, list(leases.values()), args))
 
     async def advance(
         self,
@@ -78,7 +78,7 @@ class Execution(StoreBase):
             cancelled_result,
             *flatten(fields or {}),
         ]
-        return await self._run(Script.ADVANCE, [key], args, replies.advance)
+        return replies.advance(await self._run(Script.ADVANCE, [key], args))
 
     async def release(
         self, key: RecordKey, execution: str, message: str, abandon: str = ""
@@ -86,7 +86,7 @@ class Execution(StoreBase):
         """Give a rollout this worker runs back to the queue now; ``execution=""``: one it took
         but never started. ``abandon``: the reason to fail it with instead of running it again."""
         args = [execution, message, abandon]
-        return await self._run(Script.RELEASE, [key, self.queue], args, replies.flag)
+        return replies.flag(await self._run(Script.RELEASE, [key, self.queue], args))
 
     async def beat(self, beat: WorkerBeat, ttl_seconds: int) -> None:
         """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself).

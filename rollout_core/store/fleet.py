@@ -184,7 +184,7 @@ class FleetState(StoreBase):
     async def tick(self) -> ClockTicks:
         """This process reached Redis: the polling leases' clock ticks (``tick.lua``). How
         many outages the clock has found, and the last one's length in seconds."""
-        return await self._run(Script.TICK, [], [], replies.tick)
+        return replies.tick(await self._run(Script.TICK, [], []))
 
 
 __all__ = ["FleetState"]

@@ -32,7 +32,7 @@ class Recovery(StoreBase):
     # --- recovery (sweeper) -------------------------------------------------------------
 
     async def lapsed_leases(self, limit: int) -> list[RecordKey]:
-        return await self._run(Script.LAPSED, [], [limit], replies.record_keys)
+        return replies.record_keys(await self._run(Script.LAPSED, [], [limit]))
 
     @staticmethod
     def seconds_since_trouble() -> float:
@@ -46,7 +46,7 @@ class Recovery(StoreBase):
         return float(info["uptime_in_seconds"])
 
     async def requeue(self, key: RecordKey, message: str) -> bool:
-        return await self._run(Script.REQUEUE, [key, self.queue], [message], replies.flag)
+        return replies.flag(await self._run(Script.REQUEUE, [key, self.queue], [message]))
 
     async def stale_deliveries(self, taken_before: float, page: int) -> list[tuple[str, RecordKey]]:
         """(delivery tag, record) of this fleet's rollout messages workers took before
@@ -81,7 +81,7 @@ class Recovery(StoreBase):
     async def restore_unstarted(self, key: RecordKey, tag: str, message: str) -> bool:
         """Requeue a taken message whose rollout never started (its taker died)."""
         keys = [key, UNACKED, UNACKED_INDEX, self.queue]
-        return await self._run(Script.RESTORE, keys, [tag, message], replies.flag)
+        return replies.flag(await self._run(Script.RESTORE, keys, [tag, message]))
 
     async def waiting_without_message(self, limit: int = 2000) -> set[RecordKey]:
         """Rollouts waiting for a worker whose message is neither in the queue nor among the
@@ -169,7 +169,7 @@ class Recovery(StoreBase):
     async def resend(self, key: RecordKey, message: str, guard_seconds: float) -> bool:
         """Give a waiting rollout whose message was lost a new one (once per guard period)."""
         args: list[Arg] = [message, ms(guard_seconds)]
-        return await self._run(Script.RESEND, [key, self.queue], args, replies.flag)
+        return replies.flag(await self._run(Script.RESEND, [key, self.queue], args))
 
     async def swap_lost_suspects(self, found: set[RecordKey], ttl_seconds: float) -> set[RecordKey]:
         """Keep this check's suspects (for ``ttl_seconds``); return the previous check's."""
@@ -185,7 +185,7 @@ class Recovery(StoreBase):
 
     async def overdue_polls(self, limit: int) -> list[RecordKey]:
         """v2 rollouts nobody polled in time."""
-        return await self._run(Script.OVERDUE_POLLS, [], [limit], replies.record_keys)
+        return replies.record_keys(await self._run(Script.OVERDUE_POLLS, [], [limit]))
 
     async def expire_polls(
         self, lease_expired_results: Mapping[RecordKey, str], retention_seconds: float
@@ -204,7 +204,7 @@ class Recovery(StoreBase):
     async def prune(self, inflight_ttl_seconds: float, batch: int = 1000) -> None:
         """Drop the index entries of records whose TTL ran out; renew the TTL of up to
         ``batch`` rollouts that have waited half of it (a backlog must not expire)."""
-        await self._run(Script.PRUNE, [], [ms(inflight_ttl_seconds), batch], replies.flag)
+        await self._run(Script.PRUNE, [], [ms(inflight_ttl_seconds), batch])
 
 
 __all__ = ["Recovery"]

@@ -2,7 +2,8 @@
 
 Each Lua script's reply is read by one function of this module (its name is the script's,
 or the shape several share: :func:`flag`, :func:`record_keys`), so a reply's layout is known
-in one place, next to the script's own ``-- ->`` comment, and callers get typed values.
+in one place, next to the script's own ``-- ->`` comment, and callers get typed values: the
+store's ``_run`` hands back a raw :data:`Reply`, which only these functions read.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def count(reply: Reply) -> int:
 def flag(reply: Reply) -> bool:
     """A script that answers 1 when it changed something and 0 when there was nothing to do
     (``admit_commit``, ``admit_withdraw``, ``expire_poll``, ``release``, ``requeue``,
-    ``resend``, ``restore``; ``admit_abort`` and ``prune``, whose answer nobody needs)."""
+    ``resend``, ``restore``). ``admit_abort`` and ``prune`` answer nothing anyone reads."""
     return bool(reply)
 
 
