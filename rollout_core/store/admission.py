@@ -134,8 +134,12 @@ class Admission(StoreBase):
     ) -> PollReply:
         """Authenticate, then the final result, or renew the polling lease and the status.
         An overdue lease finishes the rollout with ``lease_expired_result``."""
-        args: list[Arg] = [lease_digest, ms(poll_lease_seconds), ms(retention_seconds)]
-        args.append(lease_expired_result)
+        args: list[Arg] = [
+            lease_digest,
+            ms(poll_lease_seconds),
+            ms(retention_seconds),
+            lease_expired_result,
+        ]
         match replies.poll(await self._run(Script.POLL, [key], args)):
             case Finished(result=result, status=status):
                 # The final result as the replicas hold it; after a failover, the new
