@@ -1,4 +1,5 @@
-"""What the store answers besides records: script replies and fleet-wide figures, typed.
+"""What the store answers besides records (to gateways, workers and the CLI alike): script
+replies and fleet-wide figures, typed.
 
 Each Lua script's reply is read by one function of this module (its name is the script's,
 or the shape several share: :func:`flag`, :func:`record_keys`), so a reply's layout is known
