@@ -116,7 +116,7 @@ def url_source(settings: FleetSettings) -> str:
 async def check_fleet(store: RecordStore, target: FleetTarget) -> None:
     """Raise :class:`FleetUnreadable` unless Redis answers within the fail-fast connect
     timeout and holds a fleet with the target's key prefix."""
-    from rollout_core.store.store import FAIL_FAST_CONNECT_SECONDS
+    from rollout_core.store.connection import FAIL_FAST_CONNECT_SECONDS
 
     try:
         async with asyncio.timeout(FAIL_FAST_CONNECT_SECONDS):
@@ -149,7 +149,7 @@ def unreadable(exc: BaseException, target: FleetTarget) -> FleetUnreadable:
         StoreTimeout,
         StoreUnavailable,
     )
-    from rollout_core.store.store import FAIL_FAST_CONNECT_SECONDS
+    from rollout_core.store.connection import FAIL_FAST_CONNECT_SECONDS
 
     where = target.where()
     if isinstance(exc, StoreAuthError) or "NOAUTH" in str(exc):
@@ -208,12 +208,15 @@ def _said(exc: BaseException, target: FleetTarget) -> str:
 
 
 def _reason(exc: BaseException, target: FleetTarget) -> str:
-    """Why a connection failed, in a few words when the operating system said why."""
+    """Why a connection failed, in a few words when the operating system said why (the
+    store's error is caused by the client's, which is caused by the system's)."""
     cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, socket.gaierror):
-        return "its host name does not resolve"
-    if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
-        return "connection refused"
+    while cause is not None:
+        if isinstance(cause, socket.gaierror):
+            return "its host name does not resolve"
+        if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
+            return "connection refused"
+        cause = cause.__cause__ or cause.__context__
     return _said(exc, target)
 
 

@@ -25,7 +25,7 @@ from rollout_core.polling_clock import PollingClock
 from rollout_core.queue import celery_app
 from rollout_core.secrets import keep_key_canary, load_secret_box
 from rollout_core.settings import FleetSettings
-from rollout_core.store import RecordStore, StoreFull, StoreReplyError, StoreUnavailable
+from rollout_core.store import RecordStore, StoreFull, StoreUnavailable
 from rollout_gateway import lookup, metrics, ready
 from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit, OpenBindRefusal
 from rollout_gateway.listener import ChangeListener
@@ -50,12 +50,10 @@ async def _store_unavailable(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _store_full(request: Request, exc: Exception) -> JSONResponse:
-    """Redis at ``maxmemory`` refuses writes (Redis 7 says so as OOM; Redis 6 wraps it in a
-    script error): a v2 admission is told the queue is full (its client waits and retries),
-    anything else that the store is. Any other error reply is a bug: a 500."""
-    if not isinstance(exc, StoreFull) and "OOM command not allowed" not in str(exc):
-        raise exc
+async def _store_full(request: Request, _: Exception) -> JSONResponse:
+    """Redis at ``maxmemory`` refuses writes: a v2 admission is told the queue is full (its
+    client waits and retries), anything else that the store is. Any other error reply is a
+    bug: a 500."""
     if request.method == "POST" and request.url.path == "/rollout":
         return JSONResponse({"detail": QUEUE_FULL}, status_code=429, headers={"Retry-After": "5"})
     return JSONResponse(
@@ -174,9 +172,8 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     app = FastAPI(title=f"Rollout Fleet gateway ({agent.name})", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, limit=settings.max_request_bytes)
-    for unavailable in StoreUnavailable:
-        app.add_exception_handler(unavailable, _store_unavailable)
-    app.add_exception_handler(StoreReplyError, _store_full)
+    app.add_exception_handler(StoreUnavailable, _store_unavailable)
+    app.add_exception_handler(StoreFull, _store_full)
     api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     _routes(app, speaks_v1, api_key)
     app.add_middleware(metrics.CountAdmissions)  # counts every answer

@@ -28,8 +28,10 @@ from rollout_core.store import (
     RecordStore,
     Status,
     Verdict,
+    replies,
 )
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX, ClockField
+from rollout_core.store.scripts import Script
 from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.types import RolloutResultResponse, RolloutStatus
 from rollout_worker.sweeper import Sweeper
@@ -827,7 +829,7 @@ async def test_a_withdrawn_admission_takes_its_alias_along(
     store: RecordStore, redis: Redis
 ) -> None:
     key = await admitted_as(store, "r", "key-1")
-    await store._run("admit_withdraw", [key], ["tok"])
+    assert replies.flag(await store._run(Script.ADMIT_WITHDRAW, [key], ["tok"]))
     assert await redis.exists(key, store.keys.v1_alias("r")) == 0
     assert await store.find("r") is None
 

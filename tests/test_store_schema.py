@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from rollout_core.store.schema import LUA_SETS, LUA_VOCABULARY, Keys, lua_prelude
+from rollout_core.store.scripts import PRELUDE, Script
 from rollout_fleet.redis_server import RedisServer
 
 LUA = Path(str(resources.files("rollout_core.store") / "lua"))
@@ -67,3 +68,11 @@ def test_every_script_compiles_with_its_prelude(redis_server: RedisServer) -> No
                 assert client.script_load(prelude + path.read_text()), path.name
     finally:
         client.close()
+
+
+def test_every_script_file_is_a_member_of_the_script_enum_and_back() -> None:
+    """A script is called by its ``Script`` member: a file without one is never run, and a
+    member without its file fails when the store starts."""
+    files = {path.name for path in SCRIPTS if path != Path(str(PRELUDE))}
+    assert files == {script.file.name for script in Script}
+    assert all(script.file.is_file() for script in Script)

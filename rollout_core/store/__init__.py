@@ -1,6 +1,18 @@
 """The fleet's state in Redis: its vocabulary (``schema``), records, the store that is the only
-code issuing Redis commands (``store``), and the Lua scripts that change records atomically."""
+code issuing Redis commands (``store``, made of one module per role), and the Lua scripts that
+change records atomically."""
 
+from rollout_core.store.connection import answers, sentinel_primary
+from rollout_core.store.errors import (
+    NotReplicated,
+    StoreAuthError,
+    StoreError,
+    StoreFull,
+    StoreNotRedis,
+    StoreReplyError,
+    StoreTimeout,
+    StoreUnavailable,
+)
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.replies import (
     Claim,
@@ -29,18 +41,7 @@ from rollout_core.store.schema import (
     Status,
     Verdict,
 )
-from rollout_core.store.store import (
-    RecordStore,
-    StoreAuthError,
-    StoreError,
-    StoreFull,
-    StoreNotRedis,
-    StoreReplyError,
-    StoreTimeout,
-    StoreUnavailable,
-    answers,
-    sentinel_primary,
-)
+from rollout_core.store.store import RecordStore
 
 __all__ = [
     "HELD",
@@ -57,6 +58,7 @@ __all__ = [
     "FleetFigures",
     "FleetWorkers",
     "Keys",
+    "NotReplicated",
     "PollOutcome",
     "PollReply",
     "Protocol",

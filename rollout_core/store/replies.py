@@ -1,14 +1,27 @@
-"""What the store answers besides records: script replies and fleet-wide figures, typed."""
+"""What the store answers besides records (to gateways, workers and the CLI alike): script
+replies and fleet-wide figures, typed.
+
+Each Lua script's reply is read by one function of this module (its name is the script's,
+or the shape several share: :func:`flag`, :func:`record_keys`), so a reply's layout is known
+in one place, next to the script's own ``-- ->`` comment, and callers get typed values: the
+store's ``_run`` hands back a raw :data:`Reply`, which only these functions read.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pydantic import BaseModel
 
+from rollout_core.store import schema
+from rollout_core.store.errors import StoreReplyError
 from rollout_core.store.record import RolloutRecord
-from rollout_core.store.schema import AdmitStart, PollOutcome, Status, Verdict
+from rollout_core.store.schema import AdmitStart, PollOutcome, RecordField, RecordKey, Status
+
+# A script's reply as the client decodes it: Lua strings, numbers and tables, nil/false as None.
+Reply = str | int | list["Reply"] | None
 
 
 @dataclass(frozen=True)
@@ -32,14 +45,18 @@ class PollReply:
 class Claim:
     """What a worker's claim found, and for an acquired rollout its whole record."""
 
-    verdict: Verdict
+    verdict: schema.Verdict
     attempt: int = 0
     since_accepted: float = 0.0  # seconds from admission to this claim
     record: RolloutRecord = field(default_factory=RolloutRecord)
 
     @property
     def acquired(self) -> bool:
-        return self.verdict not in (Verdict.BUSY, Verdict.DONE, Verdict.MISSING)
+        return self.verdict not in (
+            schema.Verdict.BUSY,
+            schema.Verdict.DONE,
+            schema.Verdict.MISSING,
+        )
 
 
 class WorkerBeat(BaseModel):
@@ -97,12 +114,184 @@ class FleetFigures:
     workers: FleetWorkers
 
 
+def _items(reply: Reply) -> list[Reply]:
+    if not isinstance(reply, list):
+        raise StoreReplyError(f"a script answered {reply!r} where a list was due")
+    return reply
+
+
+def _text(reply: Reply) -> str:
+    if not isinstance(reply, (str, int)):
+        raise StoreReplyError(f"a script answered {reply!r} where a value was due")
+    return str(reply)
+
+
+def _optional_text(reply: Reply) -> str | None:
+    return None if reply is None else _text(reply)
+
+
+def _number(reply: Reply) -> int:
+    return int(_text(reply))
+
+
+def _texts(reply: Reply) -> list[str]:
+    return [_text(item) for item in _items(reply)]
+
+
+def count(reply: Reply) -> int:
+    """A number (``WAIT``'s count of replicas that acknowledged)."""
+    return _number(reply)
+
+
+def flag(reply: Reply) -> bool:
+    """A script that answers 1 when it changed something and 0 when there was nothing to do
+    (``admit_commit``, ``admit_withdraw``, ``expire_poll``, ``release``, ``requeue``,
+    ``resend``, ``restore``). ``admit_abort`` and ``prune`` answer nothing anyone reads."""
+    return bool(reply)
+
+
+def record_keys(reply: Reply) -> list[RecordKey]:
+    """Records due for a repair (``lapsed``, ``overdue_polls``)."""
+    return [RecordKey(key) for key in _texts(reply)]
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """``admit_begin`` found the rollout admitted already: its stored 202 body and status."""
+
+    response: str | None
+    status: Status
+
+
+def admit_begin(reply: Reply) -> AdmitStart | Replayed:
+    items = _items(reply)
+    start = AdmitStart(_text(items[0]))
+    if start is not AdmitStart.REPLAY:
+        return start
+    return Replayed(_optional_text(items[1]), Status(_text(items[2])))
+
+
+def admit_v2(reply: Reply) -> schema.AdmitOutcome:
+    return schema.AdmitOutcome(_text(reply))
+
+
+def advance(reply: Reply) -> schema.Advance:
+    return schema.Advance(_text(reply))
+
+
+def cancel(reply: Reply) -> schema.CancelOutcome:
+    return schema.CancelOutcome(_text(reply))
+
+
+def claim(reply: Reply) -> Claim:
+    """``{verdict}`` when nothing was acquired, else ``{verdict, attempt, ms since admission,
+    field, value, field, value…}``."""
+    items = _items(reply)
+    verdict = schema.Verdict(_text(items[0]))
+    if len(items) == 1:
+        return Claim(verdict)
+    fields = [_text(item) for item in items[3:]]
+    record = RolloutRecord.parse(dict(zip(fields[::2], fields[1::2], strict=True)))
+    return Claim(verdict, _number(items[1]), _number(items[2]) / 1000, record)
+
+
+# What a trainer may be told of a record: the fields ``confirm`` reads.
+HELD_FIELDS = (
+    RecordField.STATUS,
+    RecordField.RESPONSE,
+    RecordField.RESULT,
+    RecordField.LEASE_DIGEST,
+)
+
+
+def confirm(reply: Reply) -> RolloutRecord:
+    """The :data:`HELD_FIELDS` of a record (empty: the record is gone)."""
+    values = _items(reply) or [None] * len(HELD_FIELDS)
+    return RolloutRecord.parse(
+        {
+            name: _text(value)
+            for name, value in zip(HELD_FIELDS, values, strict=True)
+            if value is not None
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Finished:
+    """``poll``: the rollout is final, with this wire result (None: the record has none)."""
+
+    result: str | None
+    status: Status
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """``poll``: the polling lease was renewed; the rollout's status now."""
+
+    status: Status
+
+
+def poll(reply: Reply) -> Finished | Unfinished | PollOutcome:
+    """The poll's answer; a bare :class:`PollOutcome` when there is nothing more to tell
+    (an unknown rollout, a digest that does not match)."""
+    items = _items(reply)
+    outcome = PollOutcome(_text(items[0]))
+    if outcome is PollOutcome.FINAL:
+        return Finished(_optional_text(items[1]), Status(_text(items[2])))
+    if outcome is PollOutcome.STATUS:
+        return Unfinished(Status(_text(items[1])))
+    return outcome
+
+
+class Renewal(NamedTuple):
+    """``renew``: executions whose lease was lost, and those whose rollout is to stop."""
+
+    lost: list[str]
+    stop: list[str]
+
+
+def renew(reply: Reply) -> Renewal:
+    lost, stop = _items(reply)
+    return Renewal(_texts(lost), _texts(stop))
+
+
+class ClockTicks(NamedTuple):
+    """``tick``: the outages the polling clock has found, and the last one's length."""
+
+    outages: int
+    last_outage_seconds: float
+
+
+def tick(reply: Reply) -> ClockTicks:
+    outages, away_ms = _items(reply)
+    return ClockTicks(_number(outages or 0), _number(away_ms or 0) / 1000)
+
+
 __all__ = [
+    "HELD_FIELDS",
     "Claim",
+    "ClockTicks",
+    "Finished",
     "FleetCounts",
     "FleetFigures",
     "FleetWorkers",
     "PollReply",
+    "Renewal",
+    "Replayed",
+    "Reply",
+    "Unfinished",
     "V1Admission",
     "WorkerBeat",
+    "admit_begin",
+    "admit_v2",
+    "advance",
+    "cancel",
+    "claim",
+    "confirm",
+    "count",
+    "flag",
+    "poll",
+    "record_keys",
+    "renew",
+    "tick",
 ]
