@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import ipaddress
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import httpx
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -94,6 +95,45 @@ def check_trainer_url(field: str, url: str, allowed: Sequence[str]) -> None:
         return
     error = {"type": "value_error", "loc": ("body", field), "msg": message, "input": url}
     raise RequestValidationError([error])
+
+
+# Deeper JSON than workers read back: pydantic's JSON parser (which reads a stored request)
+# stops at a depth of about 200, and its serializer (which stores it) a little deeper.
+MAX_NESTING = 64
+
+
+def nesting(value: object) -> int:
+    """How deep ``value`` nests containers (a model's fields, dicts, lists), walked without
+    recursion so that no depth can overflow the stack."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, BaseModel):
+            children: Iterable[object] = vars(item).values()
+        elif isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_NESTING:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_nesting(request: BaseModel) -> None:
+    """A 422 naming the field for a request nested deeper than :data:`MAX_NESTING` levels,
+    before anything is written: a worker could not read it back."""
+    for name, value in vars(request).items():
+        if nesting(value) > MAX_NESTING - 1:
+            message = (
+                f"{name} nests more than {MAX_NESTING} levels of objects and arrays; the fleet "
+                "stores a request as JSON that workers read back, and accepts no deeper"
+            )
+            error = {"type": "value_error", "loc": ("body", name), "msg": message}
+            raise RequestValidationError([error])
 
 
 def open_bind_refusal(host: str, has_key: bool, insecure_open: bool) -> str | None:
@@ -214,8 +254,10 @@ class BodySizeLimit:
 
 __all__ = [
     "ERROR_RESPONSES",
+    "MAX_NESTING",
     "BodySizeLimit",
     "OpenBindRefusal",
+    "check_nesting",
     "check_trainer_url",
     "is_under",
     "open_bind_refusal",

@@ -20,7 +20,7 @@ from rollout_core.protocols import v1
 from rollout_core.queue.envelope import admission_message
 from rollout_core.secrets import redact
 from rollout_core.store import AdmitStart, RecordKey
-from rollout_gateway.limits import check_trainer_url
+from rollout_gateway.limits import check_nesting, check_trainer_url
 from rollout_gateway.state import Gateway
 from rollout_sdk.core.schemas import HealthResponse, RolloutRequest
 from rollout_sdk.runner import PreparedRollout, ToolsError
@@ -45,6 +45,7 @@ class FleetAgentLoop(V1Service):
         check_trainer_url("server_url", request.server_url, allowed)
         if request.tool_server_url is not None:
             check_trainer_url("tool_server_url", request.tool_server_url, allowed)
+        check_nesting(request)
         store = self.gateway.store
         key = store.keys.record(v1.PROTOCOL, request.idempotency_token)
         loop = asyncio.get_running_loop()

@@ -24,7 +24,7 @@ from rollout_core.store import (
     RecordField,
     RecordKey,
 )
-from rollout_gateway.limits import check_trainer_url
+from rollout_gateway.limits import check_nesting, check_trainer_url
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
 from rollout_sdk.server.rollout_server import INSTANCE_ID_ENV
@@ -87,6 +87,7 @@ class FleetRollouts(RolloutService):
         gateway, store = self.gateway, self.gateway.store
         allowed = gateway.settings.allowed_trainer_urls
         check_trainer_url("chat_completions_url", request.chat_completions_url, allowed)
+        check_nesting(request)
         token = new_lease_token()
         key = self._key(request.rollout_id)
         message, names = admission_message(

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from rollout_fleet.redis_server import RedisServer
-from tests.conftest import TEST_ENV
+from rollout_gateway.limits import MAX_NESTING
+from tests.conftest import TEST_ENV, v2_fleet
 from tests.harness import (
     SCRIPTED_AGENT,
     SCRIPTED_V2_AGENT,
@@ -199,3 +201,44 @@ def test_an_idempotency_key_is_bounded_as_a_rollout_id_is(fleet: FleetUnderTest)
     (problem,) = refused.json()["detail"]
     assert problem["loc"] == ["body", "idempotency_key"]
     assert "at most 256 characters" in problem["msg"]
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """An object nesting ``depth`` levels of objects."""
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING, 300])
+def test_a_request_nested_deeper_than_workers_read_back_is_422_and_writes_nothing(
+    fleet: FleetUnderTest, depth: int
+) -> None:
+    """A v1 request whose metadata nests too deep: a 422 naming the field, no record, no
+    admission key left behind (before: admitted, then failed at the worker as unreadable; or
+    past 260 levels a 500 that held the id for 15 s). One level less runs."""
+    body = fleet.body(metadata={"deep": nested(depth - 1)})
+    refused = fleet.init(body)
+    assert refused.status_code == 422, refused.text
+    (problem,) = refused.json()["detail"]
+    assert problem["loc"] == ["body", "metadata"]
+    assert f"more than {MAX_NESTING} levels" in problem["msg"]
+    assert no_record(fleet, body["rollout_id"])
+    body = fleet.body(metadata={"deep": nested(MAX_NESTING - 2)})
+    assert fleet.init(body).status_code == 202
+    (callback,) = fleet.wait_delivered([body["rollout_id"]])[body["rollout_id"]]
+    assert callback["status"] == "COMPLETED", callback
+
+
+v2_deep = v2_fleet(workers=1, gateways=1)
+
+
+def test_a_v2_request_nested_too_deep_is_422_and_writes_nothing(
+    v2_deep: V2FleetUnderTest,
+) -> None:
+    body = v2_deep.body(metadata={"deep": nested(MAX_NESTING)})
+    refused = v2_deep.admit(body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["loc"] == ["body", "metadata"]
+    assert v2_deep.redis.exists(v2_deep.record_key(body["rollout_id"])) == 0
