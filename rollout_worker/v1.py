@@ -259,6 +259,10 @@ class V1Carrier:
             # Cancelled by an operator (Flower's Revoke) or because the lease was lost; in the
             # latter case storing this result fails and another worker owns the rollout.
             response = error_response(request.rollout_id, CANCELLED, ctx)
+        if response.error_message and request.api_key:
+            # An agent's exception may quote the trainer's key: never stored nor returned.
+            redacted = redact(response.error_message, request.api_key)
+            response = response.model_copy(update={"error_message": redacted})
         return response, client.turns()
 
     async def _deliver(

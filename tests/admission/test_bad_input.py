@@ -19,6 +19,7 @@ from tests.harness import (
     FleetUnderTest,
     MockTrainGateClient,
     V2FleetUnderTest,
+    script,
 )
 
 
@@ -72,6 +73,26 @@ def test_error_messages_never_echo_the_trainer_key(fleet: FleetUnderTest) -> Non
     assert response.status_code == 500
     assert "sk-live-SECRET" not in response.text
     assert "***" in response.text
+
+
+def test_an_agent_error_quoting_the_trainer_key_is_stored_and_sent_without_it(
+    fleet: FleetUnderTest,
+) -> None:
+    """An agent whose exception quotes the trainer's API key: the ERROR callback, the record
+    and ``GET /v1/rollouts/{id}`` carry ``***`` in its place."""
+    body = fleet.body(
+        api_key="sk-live-AGENTLEAK", metadata=script({"raise": "bad key sk-live-AGENTLEAK"})
+    )
+    assert fleet.init(body).status_code == 202
+    (callback,) = fleet.wait_delivered([body["rollout_id"]])[body["rollout_id"]]
+    assert callback["status"] == "ERROR"
+    assert callback["error_message"] == "bad key ***", callback
+    view = fleet.http.get(f"/v1/rollouts/{body['rollout_id']}")
+    assert "sk-live-AGENTLEAK" not in view.text
+    # (the request's own metadata, which quotes it here, is the trainer's to send)
+    stored = fleet.redis.hget(fleet.record_key(body["rollout_id"]), "result") or ""
+    assert "bad key ***" in stored
+    assert "sk-live-AGENTLEAK" not in stored
 
 
 def test_the_sealed_trainer_key_is_not_in_the_record(fleet: FleetUnderTest) -> None:
