@@ -95,7 +95,7 @@ class FleetRollouts(RolloutService):
         outcome = await store.admit_v2(
             key,
             max_queued=gateway.settings.max_queued,
-            poll_lease_seconds=self._lease_sec,
+            polling_lease_seconds=self._lease_sec,
             ttl_seconds=gateway.settings.inflight_ttl_seconds,
             message=message,
             lease_digest=lease_digest(token),
@@ -117,7 +117,7 @@ class FleetRollouts(RolloutService):
             reply = await self.gateway.store.poll(
                 key,
                 lease_digest(lease_token),
-                poll_lease_seconds=self._lease_sec,
+                polling_lease_seconds=self._lease_sec,
                 retention_seconds=self._retention_sec,
                 lease_expired_result=v2.lease_expired_json(rollout_id),
             )

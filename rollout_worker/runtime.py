@@ -446,7 +446,7 @@ class WorkerRuntime:
             logger.warning("%s: revoked; cancelling its execution", key)
 
     async def _listen_for_stops(self) -> None:
-        """Stop requests (cancel, poll lease expiry) for rollouts running here."""
+        """Stop requests (cancel, polling lease expiry) for rollouts running here."""
         store, executor = self._on_loop.store, self._on_loop.executor
         while True:
             try:

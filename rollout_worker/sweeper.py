@@ -80,12 +80,12 @@ class Sweeper:
         return requeued
 
     async def _expire_unpolled(self) -> None:
-        overdue = await self._store.overdue_polls(SWEEP_BATCH)
+        overdue = await self._store.overdue_polling_leases(SWEEP_BATCH)
         if not overdue:
             return
         results = {key: v2.lease_expired_json(self._store.keys.record_id(key)) for key in overdue}
-        expired = await self._store.expire_polls(results, self._retention)
-        metrics.POLL_LEASE_EXPIRIES.inc(expired)
+        expired = await self._store.expire_polling_leases(results, self._retention)
+        metrics.POLLING_LEASE_EXPIRIES.inc(expired)
         if expired:
             logger.warning("%d rollouts were not polled in time: failed as lease_expired", expired)
 

@@ -280,7 +280,7 @@ async def v2_admit(store: RecordStore, record_id: str, digest: str) -> AdmitOutc
     return await store.admit_v2(
         store.keys.record("v2", record_id),
         max_queued=10,
-        poll_lease_seconds=60,
+        polling_lease_seconds=60,
         ttl_seconds=60,
         message="MSG",
         lease_digest=digest,
@@ -321,11 +321,11 @@ async def test_the_results_the_fleet_makes_are_the_models_wire_results(
 
     await v2_admit(store, "e1", "d1")
     expired = store.keys.record("v2", "e1")
-    await redis.zadd(store.keys.poll_leases, {expired: 0})  # the lease ran out
+    await redis.zadd(store.keys.polling_leases, {expired: 0})  # the lease ran out
     reply = await store.poll(
         expired,
         "d1",
-        poll_lease_seconds=60,
+        polling_lease_seconds=60,
         retention_seconds=RETAIN,
         lease_expired_result=v2_records.lease_expired_json("e1"),
     )
@@ -339,7 +339,7 @@ async def test_the_results_the_fleet_makes_are_the_models_wire_results(
 async def test_polls_authenticate_renew_and_report(store: RecordStore) -> None:
     await v2_admit(store, "p1", "d1")
     key = store.keys.record("v2", "p1")
-    poll = {"poll_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
+    poll = {"polling_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
     assert (await store.poll(key, "d2", **poll)).outcome is PollOutcome.FORBIDDEN
     reply = await store.poll(key, "d1", **poll)
     assert (reply.outcome, reply.status) == (PollOutcome.STATUS, Status.QUEUED)
@@ -352,12 +352,12 @@ async def test_the_sweeper_expires_unpolled_rollouts_once(store: RecordStore, re
     await v2_admit(store, "u1", "d1")
     await v2_admit(store, "u2", "d1")
     overdue = store.keys.record("v2", "u1")
-    await redis.zadd(store.keys.poll_leases, {overdue: 0})
-    assert await store.overdue_polls(10) == [overdue]
+    await redis.zadd(store.keys.polling_leases, {overdue: 0})
+    assert await store.overdue_polling_leases(10) == [overdue]
     await sweeper.sweep()
     result = RolloutResultResponse.model_validate_json(await redis.hget(overdue, "result"))
     assert (result.rollout_id, result.err_category) == ("u1", "lease_expired")
-    assert await store.overdue_polls(10) == []
+    assert await store.overdue_polling_leases(10) == []
     assert (await store.load(store.keys.record("v2", "u2"))).status is Status.QUEUED
 
 
@@ -381,12 +381,12 @@ async def test_time_nobody_reached_redis_does_not_count_against_a_polling_lease(
     polled, swept, overdue = (store.keys.record("v2", r) for r in ("polled", "swept", "overdue"))
     now = await _outage(store, redis, 10)
     deadlines = {polled: now - 5000, swept: now - 4000, overdue: now - 11_000}
-    await redis.zadd(store.keys.poll_leases, deadlines)
-    poll = {"poll_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
+    await redis.zadd(store.keys.polling_leases, deadlines)
+    poll = {"polling_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
     reply = await store.poll(polled, "d1", **poll)
     assert (reply.outcome, reply.status) == (PollOutcome.STATUS, Status.QUEUED)
-    assert await store.overdue_polls(10) == [overdue]
-    moved = await redis.zscore(store.keys.poll_leases, swept)
+    assert await store.overdue_polling_leases(10) == [overdue]
+    moved = await redis.zscore(store.keys.polling_leases, swept)
     assert moved is not None
     assert now + 6000 <= moved < now + 16_000  # moved on by the gap
     outages, away = await store.tick()
@@ -404,7 +404,7 @@ async def test_a_lease_nobody_renews_still_runs_out_after_an_outage(
     await v2_admit(store, "gone", "d1")
     key = store.keys.record("v2", "gone")
     now = await _outage(store, redis, 10)
-    await redis.zadd(store.keys.poll_leases, {key: now - 9500})  # 0.5 s left at the last tick
+    await redis.zadd(store.keys.polling_leases, {key: now - 9500})  # 0.5 s left at the last tick
     await sweeper.sweep()
     assert (await store.load(key)).status is Status.QUEUED
     await asyncio.sleep(0.8)

@@ -100,7 +100,7 @@ class Admission(StoreBase):
         key: RecordKey,
         *,
         max_queued: int,
-        poll_lease_seconds: float,
+        polling_lease_seconds: float,
         ttl_seconds: float,
         message: str,
         lease_digest: str,
@@ -108,7 +108,7 @@ class Admission(StoreBase):
     ) -> AdmitOutcome:
         args: list[Arg] = [
             max_queued,
-            ms(poll_lease_seconds),
+            ms(polling_lease_seconds),
             ms(ttl_seconds),
             self.keys.record_id(key),
             message,
@@ -128,7 +128,7 @@ class Admission(StoreBase):
         key: RecordKey,
         lease_digest: str,
         *,
-        poll_lease_seconds: float,
+        polling_lease_seconds: float,
         retention_seconds: float,
         lease_expired_result: str,
     ) -> PollReply:
@@ -136,7 +136,7 @@ class Admission(StoreBase):
         An overdue lease finishes the rollout with ``lease_expired_result``."""
         args: list[Arg] = [
             lease_digest,
-            ms(poll_lease_seconds),
+            ms(polling_lease_seconds),
             ms(retention_seconds),
             lease_expired_result,
         ]

@@ -183,11 +183,11 @@ class Recovery(StoreBase):
             previous = (await pipe.execute())[0]
         return {RecordKey(key) for key in previous}
 
-    async def overdue_polls(self, limit: int) -> list[RecordKey]:
+    async def overdue_polling_leases(self, limit: int) -> list[RecordKey]:
         """v2 rollouts nobody polled in time."""
-        return replies.record_keys(await self._run(Script.OVERDUE_POLLS, [], [limit]))
+        return replies.record_keys(await self._run(Script.OVERDUE_POLLING_LEASES, [], [limit]))
 
-    async def expire_polls(
+    async def expire_polling_leases(
         self, lease_expired_results: Mapping[RecordKey, str], retention_seconds: float
     ) -> int:
         """Finish each overdue rollout with its lease-expired result (pipelined), unless a
@@ -196,7 +196,7 @@ class Recovery(StoreBase):
         async def fill(pipe: Pipeline) -> None:
             for key, result in lease_expired_results.items():
                 args: list[Arg] = [result, ms(retention_seconds)]
-                await self._queue(pipe, Script.EXPIRE_POLL, [key], args)
+                await self._queue(pipe, Script.EXPIRE_POLLING_LEASE, [key], args)
 
         expired = await self._pipelined(fill)
         return sum(map(replies.flag, expired))

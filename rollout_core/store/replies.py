@@ -145,13 +145,13 @@ def count(reply: Reply) -> int:
 
 def flag(reply: Reply) -> bool:
     """A script that answers 1 when it changed something and 0 when there was nothing to do
-    (``admit_commit``, ``admit_withdraw``, ``expire_poll``, ``release``, ``requeue``,
+    (``admit_commit``, ``admit_withdraw``, ``expire_polling_lease``, ``release``, ``requeue``,
     ``resend``, ``restore``). ``admit_abort`` and ``prune`` answer nothing anyone reads."""
     return bool(reply)
 
 
 def record_keys(reply: Reply) -> list[RecordKey]:
-    """Records due for a repair (``lapsed``, ``overdue_polls``)."""
+    """Records due for a repair (``lapsed``, ``overdue_polling_leases``)."""
     return [RecordKey(key) for key in _texts(reply)]
 
 

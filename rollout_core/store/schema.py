@@ -12,7 +12,7 @@ rollout id, or the v1 idempotency key). Sorted sets index the records:
 * ``leases``       record → worker lease expiry (ms); a lapsed entry means its worker died;
 * ``active``       record → admission time, while unfinished;
 * ``finished``     record → retention expiry, once finished;
-* ``poll-leases``  v2 record → the trainer's polling deadline;
+* ``poll-leases``  v2 record → the trainer's polling lease deadline (``Keys.polling_leases``);
 * ``clock``        hash: when a fleet process last reached Redis (``ClockField``), the
                    clock polling deadlines run on (see ``POLLING_CLOCK_GAP_SECONDS``);
 * ``v2-ids``       v2 record ids, for cancel by prefix;
@@ -283,7 +283,9 @@ class Keys:
         return self._named("finished")
 
     @property
-    def poll_leases(self) -> str:
+    def polling_leases(self) -> str:
+        # The stored name predates the word "polling lease": a fleet upgraded in place must
+        # keep finding the deadlines its running rollouts already have.
         return self._named("poll-leases")
 
     @property
@@ -339,7 +341,7 @@ class Keys:
             "LEASES": self.leases,
             "ACTIVE": self.active,
             "FINISHED": self.finished,
-            "POLLS": self.poll_leases,
+            "POLLING_LEASES": self.polling_leases,
             "CLOCK": self.clock,
             "V2IDS": self.v2_ids,
             "DRAINING": self.draining,
