@@ -204,7 +204,7 @@ async def test_a_reclaim_by_the_same_worker_is_a_new_lease(store: RecordStore) -
     assert await store.renew({"w1:a": key, "w1:b": key}, LEASE, 60) == (["w1:a"], [])
     moved = await store.advance(key, "w1:a", Status.CANCELLED, retention_seconds=RETAIN)
     assert moved is Advance.LOST
-    assert not await store.release(key, "w1:a", "BACK")
+    assert not await store.hand_back(key, "w1:a", "BACK")
     moved = await store.advance(key, "w1:b", Status.SUCCESS, retention_seconds=RETAIN)
     assert moved is Advance.MOVED
     assert (await store.load(key)).status is Status.SUCCESS
@@ -243,13 +243,13 @@ async def test_a_hand_off_requeues_at_once_without_counting_an_attempt(
     key = await admitted(store)
     await redis.delete("q")
     await store.claim(key, "w1", "w1", 60, 5)
-    assert not await store.release(key, "w2", "BACK")  # only the lease holder hands back
-    assert await store.release(key, "w1", "BACK")
-    assert not await store.release(key, "w1", "BACK")  # done once
+    assert not await store.hand_back(key, "w2", "BACK")  # only the lease holder hands back
+    assert await store.hand_back(key, "w1", "BACK")
+    assert not await store.hand_back(key, "w1", "BACK")  # done once
     assert await redis.lrange("q", 0, -1) == ["BACK"]
     saved = await redis.hgetall(key)
     assert (saved[RecordField.STATUS], saved[RecordField.ATTEMPT]) == ("queued", "0")
-    assert saved[RecordField.HANDOFFS] == "1"
+    assert saved[RecordField.HANDED_BACK] == "1"
     assert RecordField.EXECUTION not in saved
     assert await store.lapsed_leases(10) == []  # no lease left for a sweeper to find
     moved = await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
@@ -262,7 +262,7 @@ async def test_a_rollout_delivering_its_result_is_not_handed_back(store: RecordS
     key = await admitted(store)
     await store.claim(key, "w1", "w1", 60, 5)
     await store.advance(key, "w1", Status.DELIVERING, result="R")
-    assert not await store.release(key, "w1", "BACK")
+    assert not await store.hand_back(key, "w1", "BACK")
     assert (await store.load(key)).status is Status.DELIVERING
 
 
@@ -420,9 +420,9 @@ async def test_an_abandoned_rollout_is_failed_by_its_next_claim(
     key = await admitted(store)
     await redis.delete("q")
     await store.claim(key, "w1", "w1", 60, 5)
-    assert await store.release(key, "w1", "BACK", abandon="it blocked the loop")
+    assert await store.hand_back(key, "w1", "BACK", abandon="it blocked the loop")
     assert await redis.lrange("q", 0, -1) == ["BACK"]
-    assert not await redis.hexists(key, RecordField.HANDOFFS)
+    assert not await redis.hexists(key, RecordField.HANDED_BACK)
     taken = await store.claim(key, "w2", "w2", 60, 5)
     assert taken.verdict is Verdict.ABANDONED
     assert taken.record.abandon_reason == "it blocked the loop"
@@ -433,11 +433,11 @@ async def test_a_rollout_taken_but_never_started_is_queued_again(
 ) -> None:
     key = await admitted(store)
     await redis.delete("q")
-    assert await store.release(key, "", "AGAIN")
+    assert await store.hand_back(key, "", "AGAIN")
     assert await redis.lrange("q", 0, -1) == ["AGAIN"]
     assert (await store.load(key)).status is Status.QUEUED
     await store.claim(key, "w1", "w1", 60, 5)
-    assert not await store.release(key, "", "AGAIN")  # started meanwhile: nothing to do
+    assert not await store.hand_back(key, "", "AGAIN")  # started meanwhile: nothing to do
     assert await redis.llen("q") == 1
 
 

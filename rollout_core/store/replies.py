@@ -145,7 +145,7 @@ def count(reply: Reply) -> int:
 
 def flag(reply: Reply) -> bool:
     """A script that answers 1 when it changed something and 0 when there was nothing to do
-    (``admit_commit``, ``admit_withdraw``, ``expire_polling_lease``, ``release``, ``requeue``,
+    (``admit_commit``, ``admit_withdraw``, ``expire_polling_lease``, ``hand_back``, ``requeue``,
     ``resend``, ``restore``). ``admit_abort`` and ``prune`` answer nothing anyone reads."""
     return bool(reply)
 

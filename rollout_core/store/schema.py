@@ -112,9 +112,11 @@ class RecordField(StrEnum):
     STARTED_AT = "started_at"  # the first claim
     CLAIMED_AT = "claimed_at"  # the latest claim
     FINISHED_AT = "finished_at"
-    ATTEMPT = "attempt"  # executions started (hand-offs excepted)
+    ATTEMPT = "attempt"  # executions started (hand-backs excepted)
     DELIVERIES = "deliveries"  # v1: claims of its stored result, to deliver (its own budget)
-    HANDOFFS = "handoffs"  # times a stopping worker gave it back
+    # Times a stopping worker handed it back. The stored name predates "hand back"; records
+    # of a fleet upgraded in place keep their count under it, so it stays.
+    HANDED_BACK = "handoffs"
     TERMINATIONS = "terminations"  # times it was made terminal: anything but 1 is a bug
     EXECUTION = "execution"  # the execution holding the worker lease (empty once finished)
     WORKER = "worker"  # the worker process that claimed it last
