@@ -151,7 +151,7 @@ class FleetRollouts(RolloutService):
         if not lease_matches(lease_token, record.lease_digest):
             raise InvalidLease
         if record.finished:  # a result told is one a failover keeps
-            record = await self.gateway.store.held(key, record)
+            record = await self.gateway.store.confirm_replicated(key, record)
         if record.finished and record.result is not None:
             return StoredResult(record.result)
         if record.status is None:

@@ -117,7 +117,7 @@ class Lease:
         self.retention_seconds = retention_seconds
         self._settings = settings
         self.confirmed_until = confirmed_until  # monotonic seconds
-        self.lost = False  # set once any renewal found it held by another execution
+        self.lost = False  # set once any renewal found it leased to another execution
         self.posted = False  # a v1 callback attempt of this execution reached the wire
 
     @property

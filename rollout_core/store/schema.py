@@ -74,7 +74,7 @@ class Status(StrEnum):
 
 
 TERMINAL = frozenset({Status.SUCCESS, Status.FAILURE, Status.CANCELLED})
-HELD = frozenset({Status.RUNNING, Status.GRADING, Status.DELIVERING})  # under a worker lease
+LEASED = frozenset({Status.RUNNING, Status.GRADING, Status.DELIVERING})  # under a worker lease
 WAITING = frozenset({Status.QUEUED, Status.DELIVERING})  # when not leased: needs a worker
 
 
@@ -124,7 +124,7 @@ class RecordField(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     ABANDON_REASON = "abandon_reason"  # a worker gave it up: its next claim fails it so
     RESENT_AT = "resent_at"  # its lost message was replaced (ms)
-    UNCONFIRMED = "unconfirmed"  # v2: admitted, not yet held by the replicas it waits for
+    UNCONFIRMED = "unconfirmed"  # v2: admitted, not yet on the replicas it waits for (replicated)
     DELIVERY = "delivery"  # v1: how the completion callback went
     TURNS = "turns"  # each LLM turn's token ids, logprobs and usage (JSON; v2: and its sample)
     TRAJECTORY = "trajectory"  # v2: trajectory_messages, when they differ from messages
@@ -224,7 +224,11 @@ LUA_VOCABULARY: Mapping[str, type[StrEnum]] = {
     "ADVANCE": Advance,
     "CLOCK_FIELD": ClockField,
 }
-LUA_SETS: Mapping[str, frozenset[Status]] = {"TERMINAL": TERMINAL, "HELD": HELD, "WAITING": WAITING}
+LUA_SETS: Mapping[str, frozenset[Status]] = {
+    "TERMINAL": TERMINAL,
+    "LEASED": LEASED,
+    "WAITING": WAITING,
+}
 
 
 @dataclass(frozen=True)
@@ -380,7 +384,7 @@ def lua_prelude(keys: Keys) -> str:
 
 __all__ = [
     "CHANGE_SEPARATOR",
-    "HELD",
+    "LEASED",
     "LUA_SETS",
     "LUA_VOCABULARY",
     "POLLING_CLOCK_GAP_SECONDS",
