@@ -1,6 +1,6 @@
 """Executing rollouts in a worker process: claim → carry (protocol-specific) → finish.
 
-The executor owns what every protocol shares: the claim that makes duplicate deliveries
+The executor owns what every protocol shares: the claim that makes duplicate messages
 harmless, the per-process slot limit, the lease heartbeat, cancelling a rollout's task when
 its lease is lost, handing rollouts back when the worker stops, and the rollouts a claim says
 must not run (:class:`Refusal`). What "running a rollout" means (v1: run the agent loop, post

@@ -107,7 +107,7 @@ class Sweeper:
             return 0
         restored = 0
         taken_before = time.time() - self._unstarted_after
-        for tag, key in await self._store.stale_deliveries(taken_before, SWEEP_BATCH):
+        for tag, key in await self._store.stale_taken_messages(taken_before, SWEEP_BATCH):
             if await self._store.restore_unstarted(key, tag, self._requeue_message(key)):
                 restored += self._requeued("unstarted", key)
         return restored

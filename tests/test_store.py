@@ -451,12 +451,12 @@ async def test_a_message_taken_but_never_started_is_restored_once(
     entry = json.dumps([json.loads(task_message(Celery("t"), key, "r1", "q")), "", "q"])
     await redis.hset(UNACKED, "tag-1", entry)
     await redis.zadd(UNACKED_INDEX, {"tag-1": time.time() - 60})
-    assert await store.stale_deliveries(time.time() - 120, 10) == []  # not old enough
-    assert await store.stale_deliveries(time.time() - 30, 10) == [("tag-1", key)]
+    assert await store.stale_taken_messages(time.time() - 120, 10) == []  # not old enough
+    assert await store.stale_taken_messages(time.time() - 30, 10) == [("tag-1", key)]
     assert await store.restore_unstarted(key, "tag-1", "AGAIN")
     assert await redis.lrange("q", 0, -1) == ["AGAIN"]
     assert await redis.hlen(UNACKED) == 0
-    assert await store.stale_deliveries(time.time(), 10) == []
+    assert await store.stale_taken_messages(time.time(), 10) == []
     assert not await store.restore_unstarted(key, "tag-1", "AGAIN")  # once
 
 
@@ -655,7 +655,7 @@ async def test_f09_a_lost_message_behind_hundreds_of_long_running_ones_is_found(
     entry = json.dumps([json.loads(task_message(app, lost, "lost", "q")), "", "q"])
     await redis.hset(UNACKED, "tag-lost", entry)
     await redis.zadd(UNACKED_INDEX, {"tag-lost": taken_at + 1})
-    assert await store.stale_deliveries(time.time() - 30, 500) == [("tag-lost", lost)]
+    assert await store.stale_taken_messages(time.time() - 30, 500) == [("tag-lost", lost)]
 
 
 async def gateway_admitted(store: RecordStore, record_id: str) -> RecordKey:

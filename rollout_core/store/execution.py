@@ -42,7 +42,7 @@ class Execution(StoreBase):
         task_id: str = "",
     ) -> Claim:
         """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``,
-        delivered as Celery task ``task_id``."""
+        its message that of Celery task ``task_id``."""
         args: list[Arg] = [execution, worker, ms(lease_seconds), max_attempts, task_id]
         return replies.claim(await self._run(Script.CLAIM, [key], args))
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import cast
 
-from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_delivery
+from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_message
 from rollout_core.store import replies
 from rollout_core.store.base import Arg, StoreBase, ms
 from rollout_core.store.connection import BudgetedRetry, Pipeline
@@ -48,7 +48,9 @@ class Recovery(StoreBase):
     async def requeue(self, key: RecordKey, message: str) -> bool:
         return replies.flag(await self._run(Script.REQUEUE, [key, self.queue], [message]))
 
-    async def stale_deliveries(self, taken_before: float, page: int) -> list[tuple[str, RecordKey]]:
+    async def stale_taken_messages(
+        self, taken_before: float, page: int
+    ) -> list[tuple[str, RecordKey]]:
         """(delivery tag, record) of this fleet's rollout messages workers took before
         ``taken_before`` (epoch seconds) and still hold unacknowledged, whose rollout never
         started. All of them, read ``page`` at a time: with late acks the oldest entries are
@@ -66,7 +68,7 @@ class Recovery(StoreBase):
             entries = cast(list[str | None], await self._redis.hmget(UNACKED, tags))
             candidates = []
             for tag, entry in zip(tags, entries, strict=True):
-                key = record_of_delivery(entry) if entry else None
+                key = record_of_message(entry) if entry else None
                 if key is not None and self.keys.owns(key):
                     candidates.append((tag, RecordKey(key)))
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -124,7 +126,7 @@ class Recovery(StoreBase):
         waiting = [key for key, status in zip(unleased, statuses, strict=True) if status in WAITING]
         if not waiting:
             return set()
-        taken = set(map(record_of_delivery, cast(list[str], await self._redis.hvals(UNACKED))))
+        taken = set(map(record_of_message, cast(list[str], await self._redis.hvals(UNACKED))))
         return {RecordKey(key) for key in waiting if key not in taken}
 
     async def _read_queue_tail(self, limit: int) -> tuple[set[str], int] | None:

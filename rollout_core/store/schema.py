@@ -207,7 +207,7 @@ class Verdict(StrEnum):
     CANCELLED = "cancelled"  # cancellation was requested: record that, do not run
     EXHAUSTED = "exhausted"  # too many attempts: fail the rollout
     ABANDONED = "abandoned"  # a worker gave it up (its abandon reason): fail the rollout
-    BUSY = "busy"  # another live execution holds it (a duplicate delivery)
+    BUSY = "busy"  # another live execution holds its lease (a duplicate message)
     DONE = "done"  # already finished
     MISSING = "missing"  # no such record (expired)
 
