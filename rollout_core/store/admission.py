@@ -45,11 +45,11 @@ class Admission(StoreBase):
         return replies.confirm(await self._replicated(Script.CONFIRM, [key], REPLICATED_FIELDS))
 
     async def admit_begin(self, key: RecordKey, token: str, pending_seconds: float) -> V1Admission:
-        """Claim the key, or learn what is known of it. A replay (the record is there: the
+        """Take the admission key, or learn what is known of it. A replay (the record is there: the
         trainer retried) is what the replicas hold, as the admission itself was: the first
         answer may have been a 503 whose record never reached them. If they hold no admitted
         record (a failover lost it since the read), the caller is told to wait and begin
-        again: on the new primary, the key is then claimed afresh."""
+        again: on the new primary, the admission key is then taken afresh."""
         args: list[Arg] = [token, ms(pending_seconds)]
         begun = replies.admit_begin(await self._run(Script.ADMIT_BEGIN, [key], args))
         if not isinstance(begun, Replayed):
@@ -69,7 +69,7 @@ class Admission(StoreBase):
         message: str,
         fields: Mapping[RecordField, str],
     ) -> bool:
-        """Write the record and enqueue its message in one step; False if the claim lapsed.
+        """Write the record and enqueue its message in one step; False if the admission key lapsed.
 
         With ``admission_replicas`` the message waits until the replicas hold the record: a
         commit they do not confirm in time is taken back before ``NotReplicated`` reaches the

@@ -58,7 +58,7 @@ UNACKED_INDEX = "unacked_index"  # delivery tag → when it was taken (epoch sec
 class Status(StrEnum):
     """Where a rollout is; only ever moves forward."""
 
-    ADMITTING = "admitting"  # v1: its key is claimed, get_tools() runs; not a rollout yet
+    ADMITTING = "admitting"  # v1: its admission key is held, get_tools() runs; not a rollout yet
     QUEUED = "queued"
     RUNNING = "running"
     GRADING = "grading"
@@ -159,7 +159,7 @@ POLLING_CLOCK_RESOLUTION_SECONDS = 0.5  # a tick younger than this is not writte
 class AdmitStart(StrEnum):
     """v1 admission, first step (``admit_begin``)."""
 
-    LEAD = "lead"  # this admission claimed the key: prepare and commit it
+    LEAD = "lead"  # this admission took the admission key: prepare and commit it
     WAIT = "wait"  # another admission of the key is in progress
     REPLAY = "replay"  # the key is known: answer with its stored 202 body
 
