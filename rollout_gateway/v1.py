@@ -32,7 +32,7 @@ _FIRST_WAIT_SECONDS = 0.005
 _MAX_WAIT_SECONDS = 0.1
 
 
-class FleetAgentLoop(V1Service):
+class FleetV1Service(V1Service):
     """v1 rollouts admitted into the fleet's Redis; any gateway replica serves any call."""
 
     def __init__(self, gateway: Gateway) -> None:
@@ -102,4 +102,4 @@ class FleetAgentLoop(V1Service):
         )
 
 
-__all__ = ["FleetAgentLoop"]
+__all__ = ["FleetV1Service"]
