@@ -352,7 +352,7 @@ class V1Carrier:
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, lease.seconds / 3)
                 continue
-            if tries:
+            if tries and advanced is not Advance.LOST:
                 logger.warning(
                     "rollout %s: the trainer's answer recorded after %d retries", rollout_id, tries
                 )
@@ -373,6 +373,11 @@ class V1Carrier:
             metrics.CALLBACKS.labels("failed").inc()
             return delivery_failure(exc)
         metrics.CALLBACKS.labels("delivered").inc()
+        if wire.attempts > 1:  # earlier attempts were sent whole: they timed out, broke or 5xx'd
+            return (
+                f"delivered on attempt {wire.attempts}; the trainer may have received the "
+                f"{wire.attempts - 1} before"
+            )
         return "delivered"
 
 
@@ -384,10 +389,17 @@ class _Wire:
         self._lease = lease
         self.idempotency_key = idempotency_key
         self.sent = False  # an attempt's request reached the wire
+        self._checks = 0
+
+    @property
+    def attempts(self) -> int:
+        """Attempts whose whole request went out (checked at its headers and at its body)."""
+        return self._checks // 2
 
     async def before_send(self) -> None:
         if not await self._lease.confirm():
             raise _LeaseLost
+        self._checks += 1
         self.sent = True
         self._lease.posted = True
 

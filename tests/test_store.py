@@ -27,6 +27,7 @@ from rollout_core.store import (
     RecordKey,
     RecordStore,
     Status,
+    StoreFull,
     Verdict,
     replies,
 )
@@ -559,11 +560,11 @@ async def test_a_sweeper_leaves_lapsed_leases_alone_for_two_leases_after_it_star
     assert (await store.load(key)).status is Status.QUEUED
 
 
-# --- issue 14's findings, at the level of the scripts ------------------------------------------
+# --- delivery, claims, cancels and the lost-message check, at the level of the scripts -------
 
 
-async def test_f08_a_lapsed_delivery_is_delivered_never_exhausted(store: RecordStore) -> None:
-    """Finding 8: past max_attempts, a delivering rollout keeps its stored result."""
+async def test_a_lapsed_delivery_is_delivered_never_exhausted(store: RecordStore) -> None:
+    """Past max_attempts, a delivering rollout keeps its stored result."""
     key = await admitted(store)
     await store.claim(key, "w1", "w1", LEASE, 1)
     await store.advance(key, "w1", Status.DELIVERING, result="COMPLETED")
@@ -575,6 +576,35 @@ async def test_f08_a_lapsed_delivery_is_delivered_never_exhausted(store: RecordS
         2,
         "COMPLETED",
     )
+
+
+@pytest.mark.parametrize("status", [Status.RUNNING, Status.DELIVERING])
+async def test_a_full_redis_requeues_nothing_and_counts_as_trouble(
+    store: RecordStore, redis: Redis, status: Status
+) -> None:
+    """At ``maxmemory`` Redis refuses lease renewals, so leases lapse while their holders
+    live: the requeue must be refused as a whole (its first write is one a full Redis
+    refuses; a ZREM first let every write after it through, and live rollouts, delivering
+    ones too, ran and called back twice), and the refusal counts as trouble, which holds
+    this process's sweeper off as an outage does."""
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", LEASE, 5)
+    if status is Status.DELIVERING:
+        await store.advance(key, "w1", Status.DELIVERING, result="COMPLETED")
+    await asyncio.sleep(LEASE + 0.05)
+    queued = await redis.llen("q")
+    await redis.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(StoreFull):
+            await store.requeue(key, "AGAIN")
+        assert store.seconds_since_trouble() < 1
+    finally:
+        await redis.config_set("maxmemory", "0")
+    assert (await store.load(key)).status is status
+    assert await redis.hget(key, RecordField.EXECUTION) == "w1"
+    assert await redis.zscore(store.keys.leases, key) is not None
+    assert await redis.llen("q") == queued
+    assert await store.requeue(key, "AGAIN")  # with room again, the sweeper's to decide
 
 
 async def test_a_delivery_that_keeps_failing_runs_out_of_its_own_attempts(
@@ -599,8 +629,8 @@ async def test_a_delivery_that_keeps_failing_runs_out_of_its_own_attempts(
     ]
 
 
-async def test_f16_a_repeated_claim_answers_as_the_first(store: RecordStore) -> None:
-    """Finding 16: a claim run again after its reply was lost is not ``busy``."""
+async def test_a_repeated_claim_answers_as_the_first(store: RecordStore) -> None:
+    """A claim run again after its reply was lost is not ``busy``."""
     key = await admitted(store)
     first = await store.claim(key, "w1:a", "w1", LEASE, 5)
     repeat = await store.claim(key, "w1:a", "w1", LEASE, 5)
@@ -610,10 +640,10 @@ async def test_f16_a_repeated_claim_answers_as_the_first(store: RecordStore) -> 
     assert (await store.claim(key, "w2:b", "w2", LEASE, 5)).verdict is Verdict.BUSY
 
 
-async def test_f07_renewal_reports_a_cancel_and_a_late_success_is_cancelled(
+async def test_renewal_reports_a_cancel_and_a_late_success_is_cancelled(
     store: RecordStore,
 ) -> None:
-    """Finding 7: a stop message is only the fast path. Renewal reports the cancel request,
+    """A stop message is only the fast path. Renewal reports the cancel request,
     and a success written after it is stored as the cancelled result instead."""
     key = await admitted(store)
     await store.claim(key, "w1", "w1", 3, 5)
@@ -627,8 +657,8 @@ async def test_f07_renewal_reports_a_cancel_and_a_late_success_is_cancelled(
     assert (saved.status, saved.result) == (Status.CANCELLED, "STOPPED")
 
 
-async def test_f03_cancel_of_a_delivering_rollout_answers_finished(store: RecordStore) -> None:
-    """Finding 3: a delivering rollout has its result; a cancel neither stops nor marks it."""
+async def test_a_cancel_of_a_delivering_rollout_answers_finished(store: RecordStore) -> None:
+    """A delivering rollout has its result; a cancel neither stops nor marks it."""
     key = await admitted(store)
     await store.claim(key, "w1", "w1", 3, 5)
     await store.advance(key, "w1", Status.DELIVERING, result="COMPLETED")
@@ -637,12 +667,12 @@ async def test_f03_cancel_of_a_delivering_rollout_answers_finished(store: Record
     assert await store.renew({"w1": key}, 3, 60) == ([], [])
 
 
-async def test_f09_a_lost_message_behind_hundreds_of_long_running_ones_is_found(
+async def test_a_lost_message_behind_hundreds_of_long_running_ones_is_found(
     store: RecordStore, redis: Redis
 ) -> None:
-    """Finding 9: with late acks the oldest taken messages are long-running rollouts; the
-    sweeper used to read the oldest 500 only, and a message taken and never started behind
-    600 of them waited for the broker's visibility timeout."""
+    """With late acks the oldest taken messages are long-running rollouts: the sweeper
+    reads every taken message, not the oldest 500, so one taken and never started behind 600
+    of them is found (not left for the broker's visibility timeout)."""
     app = Celery("t")
     taken_at = time.time() - 60
     for n in range(600):
@@ -676,12 +706,11 @@ async def sent_to_check(redis: Redis, store: RecordStore) -> tuple[set[RecordKey
     return found, after - before
 
 
-async def test_f10_the_lost_message_check_costs_the_same_behind_any_backlog(
+async def test_the_lost_message_check_costs_the_same_behind_any_backlog(
     alone: tuple[RecordStore, Redis],
 ) -> None:
-    """Finding 10: the check read the whole queue (and parsed every message) once a minute,
-    so its cost grew with the backlog (v1's queue is unbounded). Now it reads the queue's
-    tail up to the oldest admission message: what Redis sends for a check is the same with
+    """The check reads the queue's tail up to the oldest admission message, not the whole
+    queue (v1's queue is unbounded): what Redis sends for a check is the same with
     100 rollouts waiting and with 3000, and the lost one is found either way."""
     store, redis = alone
     costs = []
@@ -701,9 +730,8 @@ async def test_f10_the_lost_message_check_costs_the_same_behind_any_backlog(
 async def test_the_lost_message_check_costs_the_same_round_trips_with_any_number_running(
     alone: tuple[RecordStore, Redis],
 ) -> None:
-    """Issue 17: the check looked up each rollout admitted before the queue's oldest admission
-    (two commands each: its status and its lease), i.e. every rollout running, once a
-    minute. Now one ZMSCORE answers for all of them: the commands a check sends are the same
+    """The check asks one ZMSCORE which rollouts admitted before the queue's oldest admission
+    hold a lease, not two commands for each rollout running: the commands a check sends are the same
     with 10 rollouts running and with 1000, and the lost one is found either way."""
     store, redis = alone
     costs = []
@@ -725,7 +753,7 @@ async def test_the_lost_message_check_costs_the_same_round_trips_with_any_number
     assert many == few, f"a check ran {few} commands with 10 running, {many} with 1000"
 
 
-async def test_f10_front_pushes_are_read_and_only_rollouts_admitted_before_the_frontier_count(
+async def test_front_pushes_are_read_and_only_rollouts_admitted_before_the_frontier_count(
     store: RecordStore, redis: Redis
 ) -> None:
     """The queue's tail holds messages pushed to the front (requeues, restores) before the
@@ -744,7 +772,7 @@ async def test_f10_front_pushes_are_read_and_only_rollouts_admitted_before_the_f
     assert await store.waiting_without_message() == {keys[0], keys[3], keys[4], keys[5]}
 
 
-async def test_f10_a_long_front_part_skips_the_check_rather_than_read_the_backlog(
+async def test_a_long_front_part_skips_the_check_rather_than_read_the_backlog(
     store: RecordStore, redis: Redis
 ) -> None:
     """A mass requeue puts thousands of messages at the front: the check reads at most its
@@ -761,7 +789,7 @@ async def test_f10_a_long_front_part_skips_the_check_rather_than_read_the_backlo
 async def test_only_v2_status_changes_are_published(store: RecordStore) -> None:
     """Changes are published for the long-polls waiting on them (P§2.4), and only v2 has
     long-polls: a v1 rollout's claim, delivery and end publish nothing (three commands per v1
-    rollout that nobody read, issue 17). A v2 rollout's each wake its polls."""
+    rollout that nobody would read). A v2 rollout's each wake its polls."""
     v1 = await admitted(store, "one")
     await v2_admit(store, "two", "d1")
     v2 = store.keys.record("v2", "two")
@@ -778,7 +806,7 @@ async def test_only_v2_status_changes_are_published(store: RecordStore) -> None:
 
 async def test_a_finished_record_keeps_no_secret(store: RecordStore, redis: Redis) -> None:
     """The sealed API key is there while the rollout runs, and emptied by its last write
-    (in that write: an HDEL less per rollout, issue 17); an empty one reads as none."""
+    (in that write: no HDEL of its own); an empty one reads as none."""
     key = store.keys.record("v1", "sealed")
     assert (await store.admit_begin(key, "tok", 5)).start is AdmitStart.LEAD
     assert await store.admit_commit(key, "tok", 60, "MSG", {**PROTOCOL, RecordField.SECRET: "S"})

@@ -122,7 +122,7 @@ class Admission(StoreBase):
         keys = [key, self.queue]
         outcome = replies.admit_v2(await self._replicated(Script.ADMIT_V2, keys, args))
         if self._replicas and outcome is AdmitOutcome.QUEUED:
-            await self._redis.hdel(key, RecordField.UNCONFIRMED)
+            replies.flag(await self._run(Script.ADMIT_V2_CONFIRMED, [key], [lease_digest]))
         return outcome
 
     async def poll(

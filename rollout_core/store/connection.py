@@ -106,7 +106,12 @@ def translated() -> Iterator[None]:
     except NoScriptError:
         raise
     except RedisError as error:
-        raise store_error(error) from error
+        failure = store_error(error)
+        if isinstance(failure, errors.StoreFull):
+            # Redis refuses writes, lease renewals too: leases lapse while their holders live,
+            # as when Redis does not answer, and sweepers must hold off the same way.
+            BudgetedRetry.last_failure = time.monotonic()
+        raise failure from error
 
 
 class StoreClient(Redis):

@@ -37,7 +37,8 @@ class Recovery(StoreBase):
     @staticmethod
     def seconds_since_trouble() -> float:
         """Seconds since this process last failed to reach Redis (a cut connection, a Redis
-        stopped, restarting, loading its AOF or failing over)."""
+        stopped, restarting, loading its AOF or failing over) or Redis refused a write (at
+        ``maxmemory``: renewals are refused too)."""
         return time.monotonic() - BudgetedRetry.last_failure
 
     async def redis_uptime(self) -> float:

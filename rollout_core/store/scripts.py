@@ -19,6 +19,7 @@ class Script(StrEnum):
     ADMIT_BEGIN = "admit_begin"
     ADMIT_COMMIT = "admit_commit"
     ADMIT_V2 = "admit_v2"
+    ADMIT_V2_CONFIRMED = "admit_v2_confirmed"
     ADMIT_WITHDRAW = "admit_withdraw"
     ADVANCE = "advance"
     CANCEL = "cancel"

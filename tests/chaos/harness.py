@@ -37,6 +37,7 @@ from typing import Any, Literal
 import httpx
 import redis
 
+from rollout_core.store.schema import Keys
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
 from rollout_sdk.core.schemas import RolloutResponse
@@ -103,8 +104,12 @@ class ChaosFleet:
     def queue(self) -> str:
         return self.fleet.env.get("ROLLOUT_FLEET_QUEUE", "rollouts")
 
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.fleet.key_prefix)
+
     def record_key(self, rollout_id: str) -> str:
-        return f"{self.fleet.key_prefix}:{self.protocol}:{rollout_id}"
+        return self.keys.record(self.protocol, rollout_id)
 
     def logs(self, tail: int = 4000) -> str:
         return "\n".join(
@@ -117,7 +122,7 @@ class ChaosFleet:
         store, pid = self.redis(), self.fleet.processes[name].pid
         return [
             record
-            for record in store.zrange(f"{self.fleet.key_prefix}:leases", 0, -1)
+            for record in store.zrange(self.keys.leases, 0, -1)
             if f":{pid}:" in (store.hget(record, "execution") or "")
         ]
 
@@ -533,10 +538,9 @@ def _first_arrivals(chaos: ChaosFleet) -> dict[str, float]:
 
 
 def _assert_settled(chaos: ChaosFleet, store: redis.Redis) -> None:
-    prefix = chaos.fleet.key_prefix
-    assert store.zcard(f"{prefix}:active") == 0
-    assert store.zcard(f"{prefix}:leases") == 0
-    records = store.scan_iter(f"{prefix}:{chaos.protocol}:*", count=1000)
+    assert store.zcard(chaos.keys.active) == 0
+    assert store.zcard(chaos.keys.leases) == 0
+    records = store.scan_iter(f"{chaos.keys.records_of(chaos.protocol)}*", count=1000)
     without_ttl = [key for key in records if store.pttl(key) < 0]
     assert without_ttl == [], f"records without a TTL: {without_ttl[:10]}"
 

@@ -166,6 +166,33 @@ def test_a_trainer_slower_than_the_client_timeout_gets_identical_keyed_retries_a
     assert {header(c, "Idempotency-Key") for c in calls} == {record["admit_token"]}
 
 
+@pytest.mark.parametrize(
+    "fault",
+    [{"status": 502}, {"delay_s": 3.0}, {"reset": True}],
+    ids=["5xx", "past-the-timeout", "reset"],
+)
+def test_a_callback_accepted_on_a_retry_says_the_trainer_may_have_received_the_earlier(
+    handle: FleetUnderTest, fault: dict[str, Any]
+) -> None:
+    """A first attempt sent whole and answered 5xx, past the client timeout or with a cut
+    connection is retried (the protocol's policy), and the trainer may have received it: the
+    record says so once the retry is accepted, so nobody reads ``delivered`` as one callback
+    (before: plain ``delivered`` while the trainer held two)."""
+    rollout_id = new_id("retried")
+    handle.trainer.add_faults(
+        {"target": "completed", "times": 1, "rollout_id": rollout_id, **fault}
+    )
+    assert handle.init(handle.body(rollout_id, metadata=COMPLETE_AT_ONCE)).status_code == 202
+    record = handle.wait_status(rollout_id, {"success", "failure"}, timeout=40)
+    assert record["status"] == "success", record
+    assert record["delivery"] == (
+        "delivered on attempt 2; the trainer may have received the 1 before"
+    ), record
+    calls = handle.trainer.calls("completed", rollout_id)
+    assert len(calls) == 2, calls
+    assert {header(c, "Idempotency-Key") for c in calls} == {record["admit_token"]}
+
+
 class _Dripping(BaseHTTPRequestHandler):
     """A trainer that answers 200 and then drips its body, a byte every half second."""
 

@@ -27,6 +27,7 @@ import httpx
 import pytest
 import redis
 
+from rollout_core.store.schema import Keys
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.processes import wait_until
 from rollout_fleet.redis_server import RedisServer
@@ -142,14 +143,14 @@ def test_a_callback_whose_answer_meets_redis_away_is_posted_once(
         # A worker that starts as Redis comes back never saw the outage: it must not take
         # over the rollouts whose holder is still trying to record the trainer's answer.
         fleet.start_worker(2)
-        records = [f"{fleet.key_prefix}:v1:{rollout_id}" for rollout_id in ids]
+        records = [Keys(fleet.key_prefix).record("v1", rollout_id) for rollout_id in ids]
         wait_ended(client, records, 2 * LEASE + 30)
         time.sleep(SETTLE)
         assert trainer.counts() == dict.fromkeys(ids, 1), fleet_logs(fleet)
         for record in records:
             fields = client.hgetall(record)
             assert (fields["status"], fields["delivery"]) == ("success", "delivered"), fields
-        assert client.zcard(f"{fleet.key_prefix}:leases") == 0
+        assert client.zcard(Keys(fleet.key_prefix).leases) == 0
     finally:
         process.signal(signal.SIGCONT)
         proxy.heal()

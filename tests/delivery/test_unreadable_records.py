@@ -107,7 +107,7 @@ def test_each_unreadable_record_ends_with_one_error_callback_without_authorizati
         assert TRAINER_KEY not in json.dumps([call, record]), how
         view = handle.http.get(f"/v1/rollouts/{rollout_id}").json()
         assert WHY[how] in view["error"], (how, view)
-    assert handle.redis.zcard(f"{handle.prefix}:leases") == 0
+    assert handle.redis.zcard(handle.keys.leases) == 0
 
 
 def test_a_worker_with_another_secret_key_than_the_gateways_refuses_to_start(
@@ -119,7 +119,7 @@ def test_a_worker_with_another_secret_key_than_the_gateways_refuses_to_start(
     rollout_id = new_id("waits")
     assert handle.init(handle.body(rollout_id, api_key=TRAINER_KEY)).status_code == 202
     env = {**handle.fleet.process_env(), SECRET_ENV: Fernet.generate_key().decode()}
-    refusal = KEYS_DIFFER.format(key=f"{handle.prefix}:key-canary")
+    refusal = KEYS_DIFFER.format(key=handle.keys.key_canary)
     assert "set the same ROLLOUT_FLEET_SECRET_KEY on gateways and workers" in refusal
     result = run_process(fleet_command("worker"), env)
     assert_one_line(result, refusal)
