@@ -57,7 +57,7 @@ async def seed_fleet(redis_url: str, rollout_ids: Iterable[str]) -> None:
             await store.admit_v2(
                 store.keys.record("v2", rollout_id),
                 max_queued=100,
-                poll_lease_seconds=60,
+                polling_lease_seconds=60,
                 ttl_seconds=600,
                 message="MSG",
                 lease_digest="digest",

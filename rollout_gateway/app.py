@@ -31,7 +31,7 @@ from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit, OpenBindRefus
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
 from rollout_gateway.tools import ToolsRunner
-from rollout_gateway.v1 import FleetAgentLoop
+from rollout_gateway.v1 import FleetV1Service
 from rollout_gateway.v2 import FleetRollouts
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
@@ -151,7 +151,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
         app.state.gateway = gateway
         listener = None if speaks_v1 else ChangeListener(store)
         app.state.service = (
-            FleetAgentLoop(gateway) if listener is None else FleetRollouts(gateway, listener)
+            FleetV1Service(gateway) if listener is None else FleetRollouts(gateway, listener)
         )
         clock = asyncio.create_task(PollingClock(store).run(), name="polling-clock")
         settle_heap()

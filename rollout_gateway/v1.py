@@ -3,7 +3,7 @@ records kept in Redis.
 
 Admission of a new idempotency key:
 
-1. ``admit_begin`` claims the key (status ``admitting``); concurrent duplicates wait, a
+1. ``admit_begin`` takes the admission key (status ``admitting``); concurrent duplicates wait, a
    known key replays the stored 202 body byte for byte.
 2. The agent's ``get_tools`` runs on a thread, with a timeout.
 3. ``admit_commit`` writes the record and enqueues the task in one atomic step, then 202.
@@ -32,7 +32,7 @@ _FIRST_WAIT_SECONDS = 0.005
 _MAX_WAIT_SECONDS = 0.1
 
 
-class FleetAgentLoop(V1Service):
+class FleetV1Service(V1Service):
     """v1 rollouts admitted into the fleet's Redis; any gateway replica serves any call."""
 
     def __init__(self, gateway: Gateway) -> None:
@@ -60,14 +60,14 @@ class FleetAgentLoop(V1Service):
                 body = await self._lead(key, token, request)
                 if body is not None:
                     return body
-                # Our claim lapsed while get_tools ran and another admission won: replay it.
+                # Our admission key lapsed while get_tools ran and another admission won: replay it.
             elif loop.time() > give_up_at:
                 raise AdmissionInProgress
             await asyncio.sleep(wait)
             wait = min(wait * 2, _MAX_WAIT_SECONDS)
 
     async def _lead(self, key: RecordKey, token: str, request: RolloutRequest) -> str | None:
-        """Prepare the rollout and commit it under our claim; None if the claim lapsed."""
+        """Prepare the rollout and commit it while we hold the admission key; None if it lapsed."""
         gateway, store = self.gateway, self.gateway.store
         try:
             prepared = await self._prepare(request)
@@ -103,4 +103,4 @@ class FleetAgentLoop(V1Service):
         )
 
 
-__all__ = ["FleetAgentLoop"]
+__all__ = ["FleetV1Service"]

@@ -96,7 +96,7 @@ class FleetRollouts(RolloutService):
         outcome = await store.admit_v2(
             key,
             max_queued=gateway.settings.max_queued,
-            poll_lease_seconds=self._lease_sec,
+            polling_lease_seconds=self._lease_sec,
             ttl_seconds=gateway.settings.inflight_ttl_seconds,
             message=message,
             lease_digest=lease_digest(token),
@@ -118,7 +118,7 @@ class FleetRollouts(RolloutService):
             reply = await self.gateway.store.poll(
                 key,
                 lease_digest(lease_token),
-                poll_lease_seconds=self._lease_sec,
+                polling_lease_seconds=self._lease_sec,
                 retention_seconds=self._retention_sec,
                 lease_expired_result=v2.lease_expired_json(rollout_id),
             )
@@ -152,7 +152,7 @@ class FleetRollouts(RolloutService):
         if not lease_matches(lease_token, record.lease_digest):
             raise InvalidLease
         if record.finished:  # a result told is one a failover keeps
-            record = await self.gateway.store.held(key, record)
+            record = await self.gateway.store.confirm_replicated(key, record)
         if record.finished and record.result is not None:
             return StoredResult(record.result)
         if record.status is None:

@@ -1,6 +1,6 @@
 """Executing rollouts in a worker process: claim → carry (protocol-specific) → finish.
 
-The executor owns what every protocol shares: the claim that makes duplicate deliveries
+The executor owns what every protocol shares: the claim that makes duplicate messages
 harmless, the per-process slot limit, the lease heartbeat, cancelling a rollout's task when
 its lease is lost, handing rollouts back when the worker stops, and the rollouts a claim says
 must not run (:class:`Refusal`). What "running a rollout" means (v1: run the agent loop, post
@@ -117,7 +117,7 @@ class Lease:
         self.retention_seconds = retention_seconds
         self._settings = settings
         self.confirmed_until = confirmed_until  # monotonic seconds
-        self.lost = False  # set once any renewal found it held by another execution
+        self.lost = False  # set once any renewal found it leased to another execution
         self.posted = False  # a v1 callback attempt of this execution reached the wire
 
     @property
@@ -251,7 +251,7 @@ class Executor:
         if not claim.acquired:
             logger.info("%s: not run (%s)", key, claim.verdict)
             return claim.verdict.value
-        if self._stopping and await self._release(key, execution):
+        if self._stopping and await self._hand_back_one(key, execution):
             return HANDED_BACK
         task = asyncio.current_task()
         assert task is not None
@@ -313,11 +313,11 @@ class Executor:
         except (OSError, StoreError) as exc:  # the rollout is done either way
             logger.warning("%s: trajectory not written to the sink: %r", key, exc)
 
-    async def hand_back(self, grace_seconds: float, release_seconds: float) -> int:
+    async def hand_back(self, grace_seconds: float, hand_back_seconds: float) -> int:
         """The worker is stopping: let running rollouts finish for ``grace_seconds``, then
         hand the rest back to the queue, where another worker takes them at once, within
-        ``release_seconds`` (each release may retry for its whole budget on a Redis that does
-        not answer). Rollouts claimed from now on are handed back straight away. Returns how
+        ``hand_back_seconds`` (each hand-back may retry for its whole budget on a Redis that
+        does not answer). Rollouts claimed from now on are handed back straight away. Returns how
         many went back."""
         self._stopping = True
         if self._executions:
@@ -325,14 +325,14 @@ class Executor:
             await asyncio.wait(tasks, timeout=grace_seconds)
         held, handed = list(self._executions.items()), 0
         try:
-            async with asyncio.timeout(release_seconds):
+            async with asyncio.timeout(hand_back_seconds):
                 for execution, running in held:
-                    # Released first: whatever the cancelled task writes afterwards is refused.
-                    if await self._release(running.key, execution):
+                    # Handed back first: whatever the cancelled task writes afterwards is refused.
+                    if await self._hand_back_one(running.key, execution):
                         running.task.cancel()
                         handed += 1
         except (TimeoutError, StoreError) as exc:
-            # Not released, so left running: cancelled, one could still write its outcome.
+            # Not handed back, so left running: cancelled, one could still write its outcome.
             # Their leases lapse once the worker exits and other workers' sweepers requeue
             # them, as after a crash.
             logger.warning(
@@ -343,8 +343,8 @@ class Executor:
         metrics.REQUEUES.labels("handed_back").inc(handed)
         return handed
 
-    async def _release(self, key: RecordKey, execution: str) -> bool:
-        return await self.store.release(key, execution, self._requeue_message(key))
+    async def _hand_back_one(self, key: RecordKey, execution: str) -> bool:
+        return await self.store.hand_back(key, execution, self._requeue_message(key))
 
     def cancel(self, key: RecordKey) -> bool:
         """Stop every execution of ``key`` here; False if none runs."""

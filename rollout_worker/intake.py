@@ -85,12 +85,12 @@ class Intake:
             if self._stopping:  # stopped while it waited for a slot
                 self._slots.release()
                 return
-            self._taking = True  # until a message taken is started or given back
+            self._taking = True  # until a message taken is started or put back
             try:
                 raw = await self._take()
                 message = None if raw is None else self._read(raw)
                 if message is not None and not self._store.keys.owns(message.record):
-                    await self._give_back_foreign(message, raw or "")
+                    await self._put_back_foreign(message, raw or "")
                     message = None
             except BaseException:
                 self._slots.release()
@@ -140,12 +140,12 @@ class Intake:
             logger.error("dropped a queued message that is not a rollout's: %s", exc)  # noqa: TRY400
             return None
 
-    async def _give_back_foreign(self, message: QueuedMessage, raw: str) -> None:
+    async def _put_back_foreign(self, message: QueuedMessage, raw: str) -> None:
         """A message of another fleet (a record key outside this fleet's prefix: two fleets
         share the queue name) goes back to the queue, untouched, for that fleet's workers;
         this intake pauses, so that they, not it, take it next."""
         try:
-            await self._store.give_back(raw)
+            await self._store.put_back(raw)
         except StoreError as exc:
             logger.error(  # noqa: TRY400 - one line: the record key says whose it is
                 "took another fleet's rollout %s (its key is outside prefix %r) and could not "
@@ -191,7 +191,7 @@ class Intake:
             # Redis failed before the claim got through: the message goes back to the queue
             # (a duplicate is harmless: the claim sorts it out).
             events.failed(task_id, exc)
-            await self._give_back(key, exc)
+            await self._hand_back(key, exc)
             return
         except Exception as exc:
             logger.exception("%s: the execution failed", key)
@@ -208,22 +208,22 @@ class Intake:
         try:
             await self._cancel_unstarted(key)
         except StoreError as exc:
-            await self._give_back(key, exc)
+            await self._hand_back(key, exc)
 
-    async def _give_back(self, key: RecordKey, error: StoreError) -> None:
+    async def _hand_back(self, key: RecordKey, error: StoreError) -> None:
         """Redis failed under a rollout taken here: put its message back if it still waits
         (one that started holds a lease, which the sweeper takes back if it lapses)."""
         try:
-            given_back = await self._store.release(key, "", self._requeue_message(key))
+            handed_back = await self._store.hand_back(key, "", self._requeue_message(key))
         except StoreError:
             logger.warning(
-                "%s: taken while Redis failed (%s) and not given back; the lost-message "
+                "%s: taken while Redis failed (%s) and not handed back; the lost-message "
                 "check resends it",
                 key,
                 type(error).__name__,
             )
             return
-        if given_back:
+        if handed_back:
             logger.warning("%s: Redis failed (%s); message put back", key, type(error).__name__)
 
 

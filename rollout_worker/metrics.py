@@ -86,7 +86,9 @@ WORKER_LEASES_LOST = Counter(
     "rollout_fleet_worker_leases_lost",
     "Executions stopped because another worker took their rollout over",
 )
-POLL_LEASE_EXPIRIES = Counter(
+# Polling leases that ran out. The metric's name is public (dashboards, alerts) and predates
+# the word "polling lease": it stays.
+POLLING_LEASE_EXPIRIES = Counter(
     "rollout_fleet_poll_lease_expiries",
     "v2 rollouts failed as lease_expired because no trainer polled them in time",
 )
@@ -137,7 +139,7 @@ __all__ = [
     "DURATION",
     "FINISHED",
     "INFLIGHT",
-    "POLL_LEASE_EXPIRIES",
+    "POLLING_LEASE_EXPIRIES",
     "QUEUE_WAIT",
     "REQUEUES",
     "TRAINGATE_CALLS",

@@ -382,13 +382,13 @@ class WorkerRuntime:
             stall.key or "(none)",
         )
         try:
-            asyncio.run(self._give_back(stall.key, reason))
+            asyncio.run(self._hand_back(stall.key, reason))
         except Exception:
-            logger.exception("could not give rollouts back; their leases lapse instead")
+            logger.exception("could not hand rollouts back; their leases lapse instead")
         finally:
             os._exit(EXIT_LOOP_STALLED)
 
-    async def _give_back(self, culprit: str | None, reason: str) -> None:
+    async def _hand_back(self, culprit: str | None, reason: str) -> None:
         """Runs on a loop of its own, with a Redis client of its own: the worker's are stuck."""
         held = self._on_loop.executor.leases
         unstarted = self._on_loop.intake.taken.difference(held)
@@ -396,9 +396,9 @@ class WorkerRuntime:
         try:
             for key, execution in held.items():
                 abandon = reason if key == culprit else ""
-                await store.release(key, execution, self._message(store, key), abandon)
+                await store.hand_back(key, execution, self._message(store, key), abandon)
             for key in unstarted:
-                await store.release(key, "", self._message(store, key))
+                await store.hand_back(key, "", self._message(store, key))
             await store.forget_worker(self.name)
         finally:
             await store.aclose()
@@ -446,7 +446,7 @@ class WorkerRuntime:
             logger.warning("%s: revoked; cancelling its execution", key)
 
     async def _listen_for_stops(self) -> None:
-        """Stop requests (cancel, poll lease expiry) for rollouts running here."""
+        """Stop requests (cancel, polling lease expiry) for rollouts running here."""
         store, executor = self._on_loop.store, self._on_loop.executor
         while True:
             try:

@@ -80,12 +80,12 @@ class Sweeper:
         return requeued
 
     async def _expire_unpolled(self) -> None:
-        overdue = await self._store.overdue_polls(SWEEP_BATCH)
+        overdue = await self._store.overdue_polling_leases(SWEEP_BATCH)
         if not overdue:
             return
         results = {key: v2.lease_expired_json(self._store.keys.record_id(key)) for key in overdue}
-        expired = await self._store.expire_polls(results, self._retention)
-        metrics.POLL_LEASE_EXPIRIES.inc(expired)
+        expired = await self._store.expire_polling_leases(results, self._retention)
+        metrics.POLLING_LEASE_EXPIRIES.inc(expired)
         if expired:
             logger.warning("%d rollouts were not polled in time: failed as lease_expired", expired)
 
@@ -107,7 +107,7 @@ class Sweeper:
             return 0
         restored = 0
         taken_before = time.time() - self._unstarted_after
-        for tag, key in await self._store.stale_deliveries(taken_before, SWEEP_BATCH):
+        for tag, key in await self._store.stale_taken_messages(taken_before, SWEEP_BATCH):
             if await self._store.restore_unstarted(key, tag, self._requeue_message(key)):
                 restored += self._requeued("unstarted", key)
         return restored

@@ -123,7 +123,7 @@ class V2Carrier:
             try:
                 result, trajectory = await self._run(request, claim, lease, owned)
             except asyncio.CancelledError:
-                # Cancel requested, poll lease expired, or worker lease lost: only a rollout
+                # Cancel requested, polling lease expired, or worker lease lost: only a rollout
                 # this worker still holds can record the cancellation.
                 result, trajectory = cancelled_result(request.rollout_id), ""
         return await self._record(lease, owned, result, trajectory, recorder.turns)

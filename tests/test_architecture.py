@@ -289,7 +289,7 @@ def test_the_store_checks_catch_what_they_forbid(tmp_path: Path) -> None:
         "    await store._scripts['cancel'](keys=[], args=[])\n"
         "    await store.claim('k', 'e', 'w', 1, 1)\n"
         "    await store._run(Script.CLAIM, [], [], parse)\n"
-        "    await store._queue(pipe, 'expire_poll', [], [])\n"
+        "    await store._queue(pipe, 'expire_polling_lease', [], [])\n"
         "    return redis.RedisError\n"
     )
     assert redis_error_imports([sneaky]) == [
@@ -300,6 +300,6 @@ def test_the_store_checks_catch_what_they_forbid(tmp_path: Path) -> None:
     assert string_script_names([sneaky]) == [
         f"{sneaky}:4 names a script by 'claim'",
         f"{sneaky}:5 names a script by 'cancel'",
-        f"{sneaky}:8 names a script by 'expire_poll'",
+        f"{sneaky}:8 names a script by 'expire_polling_lease'",
     ]
     assert calls_of([sneaky], methods_of(WORKER_ONLY)) == [f"{sneaky}:6 uses .claim"]

@@ -16,7 +16,7 @@ from kombu import Connection
 from rollout_core.queue.envelope import (
     TASK_NAME,
     new_task_id,
-    record_of_delivery,
+    record_of_message,
     task_message,
 )
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX, Keys
@@ -101,6 +101,6 @@ def test_a_taken_message_kombu_holds_unacked_names_its_record(redis_server: Redi
     finally:
         client.flushdb()
         client.close()
-    assert record_of_delivery(entry) == record
-    assert record_of_delivery("[]") is None
-    assert record_of_delivery("not json") is None
+    assert record_of_message(entry) == record
+    assert record_of_message("[]") is None
+    assert record_of_message("not json") is None

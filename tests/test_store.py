@@ -205,7 +205,7 @@ async def test_a_reclaim_by_the_same_worker_is_a_new_lease(store: RecordStore) -
     assert await store.renew({"w1:a": key, "w1:b": key}, LEASE, 60) == (["w1:a"], [])
     moved = await store.advance(key, "w1:a", Status.CANCELLED, retention_seconds=RETAIN)
     assert moved is Advance.LOST
-    assert not await store.release(key, "w1:a", "BACK")
+    assert not await store.hand_back(key, "w1:a", "BACK")
     moved = await store.advance(key, "w1:b", Status.SUCCESS, retention_seconds=RETAIN)
     assert moved is Advance.MOVED
     assert (await store.load(key)).status is Status.SUCCESS
@@ -244,13 +244,13 @@ async def test_a_hand_off_requeues_at_once_without_counting_an_attempt(
     key = await admitted(store)
     await redis.delete("q")
     await store.claim(key, "w1", "w1", 60, 5)
-    assert not await store.release(key, "w2", "BACK")  # only the lease holder hands back
-    assert await store.release(key, "w1", "BACK")
-    assert not await store.release(key, "w1", "BACK")  # done once
+    assert not await store.hand_back(key, "w2", "BACK")  # only the lease holder hands back
+    assert await store.hand_back(key, "w1", "BACK")
+    assert not await store.hand_back(key, "w1", "BACK")  # done once
     assert await redis.lrange("q", 0, -1) == ["BACK"]
     saved = await redis.hgetall(key)
     assert (saved[RecordField.STATUS], saved[RecordField.ATTEMPT]) == ("queued", "0")
-    assert saved[RecordField.HANDOFFS] == "1"
+    assert saved[RecordField.HANDED_BACK] == "1"
     assert RecordField.EXECUTION not in saved
     assert await store.lapsed_leases(10) == []  # no lease left for a sweeper to find
     moved = await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
@@ -263,7 +263,7 @@ async def test_a_rollout_delivering_its_result_is_not_handed_back(store: RecordS
     key = await admitted(store)
     await store.claim(key, "w1", "w1", 60, 5)
     await store.advance(key, "w1", Status.DELIVERING, result="R")
-    assert not await store.release(key, "w1", "BACK")
+    assert not await store.hand_back(key, "w1", "BACK")
     assert (await store.load(key)).status is Status.DELIVERING
 
 
@@ -281,7 +281,7 @@ async def v2_admit(store: RecordStore, record_id: str, digest: str) -> AdmitOutc
     return await store.admit_v2(
         store.keys.record("v2", record_id),
         max_queued=10,
-        poll_lease_seconds=60,
+        polling_lease_seconds=60,
         ttl_seconds=60,
         message="MSG",
         lease_digest=digest,
@@ -322,11 +322,11 @@ async def test_the_results_the_fleet_makes_are_the_models_wire_results(
 
     await v2_admit(store, "e1", "d1")
     expired = store.keys.record("v2", "e1")
-    await redis.zadd(store.keys.poll_leases, {expired: 0})  # the lease ran out
+    await redis.zadd(store.keys.polling_leases, {expired: 0})  # the lease ran out
     reply = await store.poll(
         expired,
         "d1",
-        poll_lease_seconds=60,
+        polling_lease_seconds=60,
         retention_seconds=RETAIN,
         lease_expired_result=v2_records.lease_expired_json("e1"),
     )
@@ -340,7 +340,7 @@ async def test_the_results_the_fleet_makes_are_the_models_wire_results(
 async def test_polls_authenticate_renew_and_report(store: RecordStore) -> None:
     await v2_admit(store, "p1", "d1")
     key = store.keys.record("v2", "p1")
-    poll = {"poll_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
+    poll = {"polling_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
     assert (await store.poll(key, "d2", **poll)).outcome is PollOutcome.FORBIDDEN
     reply = await store.poll(key, "d1", **poll)
     assert (reply.outcome, reply.status) == (PollOutcome.STATUS, Status.QUEUED)
@@ -353,12 +353,12 @@ async def test_the_sweeper_expires_unpolled_rollouts_once(store: RecordStore, re
     await v2_admit(store, "u1", "d1")
     await v2_admit(store, "u2", "d1")
     overdue = store.keys.record("v2", "u1")
-    await redis.zadd(store.keys.poll_leases, {overdue: 0})
-    assert await store.overdue_polls(10) == [overdue]
+    await redis.zadd(store.keys.polling_leases, {overdue: 0})
+    assert await store.overdue_polling_leases(10) == [overdue]
     await sweeper.sweep()
     result = RolloutResultResponse.model_validate_json(await redis.hget(overdue, "result"))
     assert (result.rollout_id, result.err_category) == ("u1", "lease_expired")
-    assert await store.overdue_polls(10) == []
+    assert await store.overdue_polling_leases(10) == []
     assert (await store.load(store.keys.record("v2", "u2"))).status is Status.QUEUED
 
 
@@ -382,12 +382,12 @@ async def test_time_nobody_reached_redis_does_not_count_against_a_polling_lease(
     polled, swept, overdue = (store.keys.record("v2", r) for r in ("polled", "swept", "overdue"))
     now = await _outage(store, redis, 10)
     deadlines = {polled: now - 5000, swept: now - 4000, overdue: now - 11_000}
-    await redis.zadd(store.keys.poll_leases, deadlines)
-    poll = {"poll_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
+    await redis.zadd(store.keys.polling_leases, deadlines)
+    poll = {"polling_lease_seconds": 60, "retention_seconds": RETAIN, "lease_expired_result": "X"}
     reply = await store.poll(polled, "d1", **poll)
     assert (reply.outcome, reply.status) == (PollOutcome.STATUS, Status.QUEUED)
-    assert await store.overdue_polls(10) == [overdue]
-    moved = await redis.zscore(store.keys.poll_leases, swept)
+    assert await store.overdue_polling_leases(10) == [overdue]
+    moved = await redis.zscore(store.keys.polling_leases, swept)
     assert moved is not None
     assert now + 6000 <= moved < now + 16_000  # moved on by the gap
     outages, away = await store.tick()
@@ -405,7 +405,7 @@ async def test_a_lease_nobody_renews_still_runs_out_after_an_outage(
     await v2_admit(store, "gone", "d1")
     key = store.keys.record("v2", "gone")
     now = await _outage(store, redis, 10)
-    await redis.zadd(store.keys.poll_leases, {key: now - 9500})  # 0.5 s left at the last tick
+    await redis.zadd(store.keys.polling_leases, {key: now - 9500})  # 0.5 s left at the last tick
     await sweeper.sweep()
     assert (await store.load(key)).status is Status.QUEUED
     await asyncio.sleep(0.8)
@@ -421,9 +421,9 @@ async def test_an_abandoned_rollout_is_failed_by_its_next_claim(
     key = await admitted(store)
     await redis.delete("q")
     await store.claim(key, "w1", "w1", 60, 5)
-    assert await store.release(key, "w1", "BACK", abandon="it blocked the loop")
+    assert await store.hand_back(key, "w1", "BACK", abandon="it blocked the loop")
     assert await redis.lrange("q", 0, -1) == ["BACK"]
-    assert not await redis.hexists(key, RecordField.HANDOFFS)
+    assert not await redis.hexists(key, RecordField.HANDED_BACK)
     taken = await store.claim(key, "w2", "w2", 60, 5)
     assert taken.verdict is Verdict.ABANDONED
     assert taken.record.abandon_reason == "it blocked the loop"
@@ -434,11 +434,11 @@ async def test_a_rollout_taken_but_never_started_is_queued_again(
 ) -> None:
     key = await admitted(store)
     await redis.delete("q")
-    assert await store.release(key, "", "AGAIN")
+    assert await store.hand_back(key, "", "AGAIN")
     assert await redis.lrange("q", 0, -1) == ["AGAIN"]
     assert (await store.load(key)).status is Status.QUEUED
     await store.claim(key, "w1", "w1", 60, 5)
-    assert not await store.release(key, "", "AGAIN")  # started meanwhile: nothing to do
+    assert not await store.hand_back(key, "", "AGAIN")  # started meanwhile: nothing to do
     assert await redis.llen("q") == 1
 
 
@@ -452,12 +452,12 @@ async def test_a_message_taken_but_never_started_is_restored_once(
     entry = json.dumps([json.loads(task_message(Celery("t"), key, "r1", "q")), "", "q"])
     await redis.hset(UNACKED, "tag-1", entry)
     await redis.zadd(UNACKED_INDEX, {"tag-1": time.time() - 60})
-    assert await store.stale_deliveries(time.time() - 120, 10) == []  # not old enough
-    assert await store.stale_deliveries(time.time() - 30, 10) == [("tag-1", key)]
+    assert await store.stale_taken_messages(time.time() - 120, 10) == []  # not old enough
+    assert await store.stale_taken_messages(time.time() - 30, 10) == [("tag-1", key)]
     assert await store.restore_unstarted(key, "tag-1", "AGAIN")
     assert await redis.lrange("q", 0, -1) == ["AGAIN"]
     assert await redis.hlen(UNACKED) == 0
-    assert await store.stale_deliveries(time.time(), 10) == []
+    assert await store.stale_taken_messages(time.time(), 10) == []
     assert not await store.restore_unstarted(key, "tag-1", "AGAIN")  # once
 
 
@@ -685,7 +685,7 @@ async def test_a_lost_message_behind_hundreds_of_long_running_ones_is_found(
     entry = json.dumps([json.loads(task_message(app, lost, "lost", "q")), "", "q"])
     await redis.hset(UNACKED, "tag-lost", entry)
     await redis.zadd(UNACKED_INDEX, {"tag-lost": taken_at + 1})
-    assert await store.stale_deliveries(time.time() - 30, 500) == [("tag-lost", lost)]
+    assert await store.stale_taken_messages(time.time() - 30, 500) == [("tag-lost", lost)]
 
 
 async def gateway_admitted(store: RecordStore, record_id: str) -> RecordKey:

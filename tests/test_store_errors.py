@@ -78,7 +78,7 @@ async def admit(store: RecordStore) -> AdmitOutcome:
     return await store.admit_v2(
         store.keys.record("v2", "r"),
         max_queued=10,
-        poll_lease_seconds=60,
+        polling_lease_seconds=60,
         ttl_seconds=60,
         message="MSG",
         lease_digest="d",

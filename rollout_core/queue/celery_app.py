@@ -5,7 +5,7 @@ while the worker's intake takes the ``rollout.run`` messages itself), Flower (``
 flower``) and gateways (which build task messages with it) all load this module, so they
 agree on the broker, the queue and the message format.
 
-Delivery is at-least-once; correctness comes from the store's per-rollout leases
+A message may reach workers more than once; correctness comes from the store's per-rollout leases
 (``rollout_core/store``), not from Celery: duplicates are expected and harmless.
 """
 

@@ -136,8 +136,9 @@ def read_queued(raw: str) -> QueuedMessage | None:
         return None
 
 
-def record_of_delivery(entry: str) -> str | None:
-    """The record key of an entry of kombu's ``unacked`` hash (``None`` if not a rollout's)."""
+def record_of_message(entry: str) -> str | None:
+    """The record key of a taken message, an entry of kombu's ``unacked`` hash (``None`` if
+    not a rollout's)."""
     try:
         return _record_of(json.loads(entry)[0])
     except (ValueError, LookupError, TypeError):
@@ -160,6 +161,6 @@ __all__ = [
     "new_task_id",
     "read_queued",
     "read_taken",
-    "record_of_delivery",
+    "record_of_message",
     "task_message",
 ]

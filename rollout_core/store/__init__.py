@@ -24,7 +24,7 @@ from rollout_core.store.replies import (
     WorkerBeat,
 )
 from rollout_core.store.schema import (
-    HELD,
+    LEASED,
     PROTOCOLS,
     TERMINAL,
     WAITING,
@@ -44,7 +44,7 @@ from rollout_core.store.schema import (
 from rollout_core.store.store import RecordStore
 
 __all__ = [
-    "HELD",
+    "LEASED",
     "PROTOCOLS",
     "TERMINAL",
     "WAITING",

@@ -13,7 +13,7 @@ from rollout_core.store.base import Arg, StoreBase, flatten, ms
 from rollout_core.store.errors import NotReplicated
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.replies import (
-    HELD_FIELDS,
+    REPLICATED_FIELDS,
     Finished,
     PollReply,
     Replayed,
@@ -33,7 +33,7 @@ from rollout_core.store.scripts import Script
 class Admission(StoreBase):
     """The gateway's side of a rollout: admit it, answer its polls, fence admissions."""
 
-    async def held(self, key: RecordKey, read: RolloutRecord) -> RolloutRecord:
+    async def confirm_replicated(self, key: RecordKey, read: RolloutRecord) -> RolloutRecord:
         """What a trainer may be told of a record it was ``read`` from (a replayed admission,
         a final result): with ``admission_replicas``, the record's status, response, result
         and lease digest read again in a call that waits until that many replicas hold them
@@ -42,21 +42,23 @@ class Admission(StoreBase):
         (empty if it has none), never ``read`` confirmed by the new primary's replicas."""
         if not self._replicas:
             return read
-        return replies.confirm(await self._replicated(Script.CONFIRM, [key], HELD_FIELDS))
+        return replies.confirm(await self._replicated(Script.CONFIRM, [key], REPLICATED_FIELDS))
 
     async def admit_begin(self, key: RecordKey, token: str, pending_seconds: float) -> V1Admission:
-        """Claim the key, or learn what is known of it. A replay (the record is there: the
+        """Take the admission key, or learn what is known of it. A replay (the record is there: the
         trainer retried) is what the replicas hold, as the admission itself was: the first
         answer may have been a 503 whose record never reached them. If they hold no admitted
         record (a failover lost it since the read), the caller is told to wait and begin
-        again: on the new primary, the key is then claimed afresh."""
+        again: on the new primary, the admission key is then taken afresh."""
         args: list[Arg] = [token, ms(pending_seconds)]
         begun = replies.admit_begin(await self._run(Script.ADMIT_BEGIN, [key], args))
         if not isinstance(begun, Replayed):
             return V1Admission(begun)
-        held = await self.held(key, RolloutRecord(status=begun.status, response=begun.response))
-        if held.admitted and held.response is not None:
-            return V1Admission(AdmitStart.REPLAY, held.response)
+        replicated = await self.confirm_replicated(
+            key, RolloutRecord(status=begun.status, response=begun.response)
+        )
+        if replicated.admitted and replicated.response is not None:
+            return V1Admission(AdmitStart.REPLAY, replicated.response)
         return V1Admission(AdmitStart.WAIT)
 
     async def admit_commit(
@@ -67,7 +69,7 @@ class Admission(StoreBase):
         message: str,
         fields: Mapping[RecordField, str],
     ) -> bool:
-        """Write the record and enqueue its message in one step; False if the claim lapsed.
+        """Write the record and enqueue its message in one step; False if the admission key lapsed.
 
         With ``admission_replicas`` the message waits until the replicas hold the record: a
         commit they do not confirm in time is taken back before ``NotReplicated`` reaches the
@@ -100,7 +102,7 @@ class Admission(StoreBase):
         key: RecordKey,
         *,
         max_queued: int,
-        poll_lease_seconds: float,
+        polling_lease_seconds: float,
         ttl_seconds: float,
         message: str,
         lease_digest: str,
@@ -108,7 +110,7 @@ class Admission(StoreBase):
     ) -> AdmitOutcome:
         args: list[Arg] = [
             max_queued,
-            ms(poll_lease_seconds),
+            ms(polling_lease_seconds),
             ms(ttl_seconds),
             self.keys.record_id(key),
             message,
@@ -128,7 +130,7 @@ class Admission(StoreBase):
         key: RecordKey,
         lease_digest: str,
         *,
-        poll_lease_seconds: float,
+        polling_lease_seconds: float,
         retention_seconds: float,
         lease_expired_result: str,
     ) -> PollReply:
@@ -136,7 +138,7 @@ class Admission(StoreBase):
         An overdue lease finishes the rollout with ``lease_expired_result``."""
         args: list[Arg] = [
             lease_digest,
-            ms(poll_lease_seconds),
+            ms(polling_lease_seconds),
             ms(retention_seconds),
             lease_expired_result,
         ]
@@ -144,11 +146,13 @@ class Admission(StoreBase):
             case Finished(result=result, status=status):
                 # The final result as the replicas hold it; after a failover, the new
                 # primary's record (unfinished there: its status is the answer; gone: unknown).
-                held = await self.held(key, RolloutRecord(status=status, result=result))
-                if held.finished and held.result is not None:
-                    return PollReply(PollOutcome.FINAL, result=held.result)
-                if held.status is not None:
-                    return PollReply(PollOutcome.STATUS, status=held.status)
+                replicated = await self.confirm_replicated(
+                    key, RolloutRecord(status=status, result=result)
+                )
+                if replicated.finished and replicated.result is not None:
+                    return PollReply(PollOutcome.FINAL, result=replicated.result)
+                if replicated.status is not None:
+                    return PollReply(PollOutcome.STATUS, status=replicated.status)
                 return PollReply(PollOutcome.UNKNOWN)
             case Unfinished(status=status):
                 return PollReply(PollOutcome.STATUS, status=status)

@@ -1,5 +1,5 @@
 """Execution: what workers call while they run rollouts (and only workers): take a message,
-claim its rollout under a lease, renew the leases, move a rollout on, release it; announce
+claim its rollout under a lease, renew the leases, move a rollout on, hand it back; announce
 the worker's heartbeat and hear which executions must stop.
 """
 
@@ -42,7 +42,7 @@ class Execution(StoreBase):
         task_id: str = "",
     ) -> Claim:
         """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``,
-        delivered as Celery task ``task_id``."""
+        its message that of Celery task ``task_id``."""
         args: list[Arg] = [execution, worker, ms(lease_seconds), max_attempts, task_id]
         return replies.claim(await self._run(Script.CLAIM, [key], args))
 
@@ -80,13 +80,13 @@ class Execution(StoreBase):
         ]
         return replies.advance(await self._run(Script.ADVANCE, [key], args))
 
-    async def release(
+    async def hand_back(
         self, key: RecordKey, execution: str, message: str, abandon: str = ""
     ) -> bool:
-        """Give a rollout this worker runs back to the queue now; ``execution=""``: one it took
+        """Hand a rollout this worker runs back to the queue now; ``execution=""``: one it took
         but never started. ``abandon``: the reason to fail it with instead of running it again."""
         args = [execution, message, abandon]
-        return replies.flag(await self._run(Script.RELEASE, [key, self.queue], args))
+        return replies.flag(await self._run(Script.HAND_BACK, [key, self.queue], args))
 
     async def beat(self, beat: WorkerBeat, ttl_seconds: int) -> None:
         """Announce a live worker for ``ttl_seconds`` (a silent worker drops out by itself).
@@ -111,7 +111,7 @@ class Execution(StoreBase):
         reply = await self._redis.brpop([self.queue], timeout=wait_seconds)
         return None if reply is None else str(reply[1])
 
-    async def give_back(self, raw: str) -> None:
+    async def put_back(self, raw: str) -> None:
         """Put a message taken off the queue back at the end it is taken from, as it was."""
         await self._redis.rpush(self.queue, raw)
 

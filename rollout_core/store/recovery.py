@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import cast
 
-from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_delivery
+from rollout_core.queue.envelope import QueuedMessage, read_queued, record_of_message
 from rollout_core.store import replies
 from rollout_core.store.base import Arg, StoreBase, ms
 from rollout_core.store.connection import BudgetedRetry, Pipeline
@@ -49,7 +49,9 @@ class Recovery(StoreBase):
     async def requeue(self, key: RecordKey, message: str) -> bool:
         return replies.flag(await self._run(Script.REQUEUE, [key, self.queue], [message]))
 
-    async def stale_deliveries(self, taken_before: float, page: int) -> list[tuple[str, RecordKey]]:
+    async def stale_taken_messages(
+        self, taken_before: float, page: int
+    ) -> list[tuple[str, RecordKey]]:
         """(delivery tag, record) of this fleet's rollout messages workers took before
         ``taken_before`` (epoch seconds) and still hold unacknowledged, whose rollout never
         started. All of them, read ``page`` at a time: with late acks the oldest entries are
@@ -67,7 +69,7 @@ class Recovery(StoreBase):
             entries = cast(list[str | None], await self._redis.hmget(UNACKED, tags))
             candidates = []
             for tag, entry in zip(tags, entries, strict=True):
-                key = record_of_delivery(entry) if entry else None
+                key = record_of_message(entry) if entry else None
                 if key is not None and self.keys.owns(key):
                     candidates.append((tag, RecordKey(key)))
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -125,7 +127,7 @@ class Recovery(StoreBase):
         waiting = [key for key, status in zip(unleased, statuses, strict=True) if status in WAITING]
         if not waiting:
             return set()
-        taken = set(map(record_of_delivery, cast(list[str], await self._redis.hvals(UNACKED))))
+        taken = set(map(record_of_message, cast(list[str], await self._redis.hvals(UNACKED))))
         return {RecordKey(key) for key in waiting if key not in taken}
 
     async def _read_queue_tail(self, limit: int) -> tuple[set[str], int] | None:
@@ -184,11 +186,11 @@ class Recovery(StoreBase):
             previous = (await pipe.execute())[0]
         return {RecordKey(key) for key in previous}
 
-    async def overdue_polls(self, limit: int) -> list[RecordKey]:
+    async def overdue_polling_leases(self, limit: int) -> list[RecordKey]:
         """v2 rollouts nobody polled in time."""
-        return replies.record_keys(await self._run(Script.OVERDUE_POLLS, [], [limit]))
+        return replies.record_keys(await self._run(Script.OVERDUE_POLLING_LEASES, [], [limit]))
 
-    async def expire_polls(
+    async def expire_polling_leases(
         self, lease_expired_results: Mapping[RecordKey, str], retention_seconds: float
     ) -> int:
         """Finish each overdue rollout with its lease-expired result (pipelined), unless a
@@ -197,7 +199,7 @@ class Recovery(StoreBase):
         async def fill(pipe: Pipeline) -> None:
             for key, result in lease_expired_results.items():
                 args: list[Arg] = [result, ms(retention_seconds)]
-                await self._queue(pipe, Script.EXPIRE_POLL, [key], args)
+                await self._queue(pipe, Script.EXPIRE_POLLING_LEASE, [key], args)
 
         expired = await self._pipelined(fill)
         return sum(map(replies.flag, expired))

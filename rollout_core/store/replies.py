@@ -100,7 +100,7 @@ class FleetWorkers:
 @dataclass(frozen=True)
 class FleetCounts:
     active: int  # admitted and not finished
-    running: int  # held by a worker lease
+    running: int  # under a worker lease
     finished: int  # finished and still retained
 
 
@@ -145,13 +145,13 @@ def count(reply: Reply) -> int:
 
 def flag(reply: Reply) -> bool:
     """A script that answers 1 when it changed something and 0 when there was nothing to do
-    (``admit_commit``, ``admit_withdraw``, ``expire_poll``, ``release``, ``requeue``,
+    (``admit_commit``, ``admit_withdraw``, ``expire_polling_lease``, ``hand_back``, ``requeue``,
     ``resend``, ``restore``). ``admit_abort`` and ``prune`` answer nothing anyone reads."""
     return bool(reply)
 
 
 def record_keys(reply: Reply) -> list[RecordKey]:
-    """Records due for a repair (``lapsed``, ``overdue_polls``)."""
+    """Records due for a repair (``lapsed``, ``overdue_polling_leases``)."""
     return [RecordKey(key) for key in _texts(reply)]
 
 
@@ -196,7 +196,7 @@ def claim(reply: Reply) -> Claim:
 
 
 # What a trainer may be told of a record: the fields ``confirm`` reads.
-HELD_FIELDS = (
+REPLICATED_FIELDS = (
     RecordField.STATUS,
     RecordField.RESPONSE,
     RecordField.RESULT,
@@ -205,12 +205,12 @@ HELD_FIELDS = (
 
 
 def confirm(reply: Reply) -> RolloutRecord:
-    """The :data:`HELD_FIELDS` of a record (empty: the record is gone)."""
-    values = _items(reply) or [None] * len(HELD_FIELDS)
+    """The :data:`REPLICATED_FIELDS` of a record (empty: the record is gone)."""
+    values = _items(reply) or [None] * len(REPLICATED_FIELDS)
     return RolloutRecord.parse(
         {
             name: _text(value)
-            for name, value in zip(HELD_FIELDS, values, strict=True)
+            for name, value in zip(REPLICATED_FIELDS, values, strict=True)
             if value is not None
         }
     )
@@ -268,7 +268,7 @@ def tick(reply: Reply) -> ClockTicks:
 
 
 __all__ = [
-    "HELD_FIELDS",
+    "REPLICATED_FIELDS",
     "Claim",
     "ClockTicks",
     "Finished",

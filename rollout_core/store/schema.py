@@ -12,7 +12,7 @@ rollout id, or the v1 idempotency key). Sorted sets index the records:
 * ``leases``       record → worker lease expiry (ms); a lapsed entry means its worker died;
 * ``active``       record → admission time, while unfinished;
 * ``finished``     record → retention expiry, once finished;
-* ``poll-leases``  v2 record → the trainer's polling deadline;
+* ``poll-leases``  v2 record → the trainer's polling lease deadline (``Keys.polling_leases``);
 * ``clock``        hash: when a fleet process last reached Redis (``ClockField``), the
                    clock polling deadlines run on (see ``POLLING_CLOCK_GAP_SECONDS``);
 * ``v2-ids``       v2 record ids, for cancel by prefix;
@@ -58,7 +58,7 @@ UNACKED_INDEX = "unacked_index"  # delivery tag → when it was taken (epoch sec
 class Status(StrEnum):
     """Where a rollout is; only ever moves forward."""
 
-    ADMITTING = "admitting"  # v1: its key is claimed, get_tools() runs; not a rollout yet
+    ADMITTING = "admitting"  # v1: its admission key is held, get_tools() runs; not a rollout yet
     QUEUED = "queued"
     RUNNING = "running"
     GRADING = "grading"
@@ -74,7 +74,7 @@ class Status(StrEnum):
 
 
 TERMINAL = frozenset({Status.SUCCESS, Status.FAILURE, Status.CANCELLED})
-HELD = frozenset({Status.RUNNING, Status.GRADING, Status.DELIVERING})  # under a worker lease
+LEASED = frozenset({Status.RUNNING, Status.GRADING, Status.DELIVERING})  # under a worker lease
 WAITING = frozenset({Status.QUEUED, Status.DELIVERING})  # when not leased: needs a worker
 
 
@@ -112,9 +112,11 @@ class RecordField(StrEnum):
     STARTED_AT = "started_at"  # the first claim
     CLAIMED_AT = "claimed_at"  # the latest claim
     FINISHED_AT = "finished_at"
-    ATTEMPT = "attempt"  # executions started (hand-offs excepted)
+    ATTEMPT = "attempt"  # executions started (hand-backs excepted)
     DELIVERIES = "deliveries"  # v1: claims of its stored result, to deliver (its own budget)
-    HANDOFFS = "handoffs"  # times a stopping worker gave it back
+    # Times a stopping worker handed it back. The stored name predates "hand back"; records
+    # of a fleet upgraded in place keep their count under it, so it stays.
+    HANDED_BACK = "handoffs"
     TERMINATIONS = "terminations"  # times it was made terminal: anything but 1 is a bug
     EXECUTION = "execution"  # the execution holding the worker lease (empty once finished)
     WORKER = "worker"  # the worker process that claimed it last
@@ -122,7 +124,7 @@ class RecordField(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     ABANDON_REASON = "abandon_reason"  # a worker gave it up: its next claim fails it so
     RESENT_AT = "resent_at"  # its lost message was replaced (ms)
-    UNCONFIRMED = "unconfirmed"  # v2: admitted, not yet held by the replicas it waits for
+    UNCONFIRMED = "unconfirmed"  # v2: admitted, not yet on the replicas it waits for (replicated)
     DELIVERY = "delivery"  # v1: how the completion callback went
     TURNS = "turns"  # each LLM turn's token ids, logprobs and usage (JSON; v2: and its sample)
     TRAJECTORY = "trajectory"  # v2: trajectory_messages, when they differ from messages
@@ -157,7 +159,7 @@ POLLING_CLOCK_RESOLUTION_SECONDS = 0.5  # a tick younger than this is not writte
 class AdmitStart(StrEnum):
     """v1 admission, first step (``admit_begin``)."""
 
-    LEAD = "lead"  # this admission claimed the key: prepare and commit it
+    LEAD = "lead"  # this admission took the admission key: prepare and commit it
     WAIT = "wait"  # another admission of the key is in progress
     REPLAY = "replay"  # the key is known: answer with its stored 202 body
 
@@ -205,7 +207,7 @@ class Verdict(StrEnum):
     CANCELLED = "cancelled"  # cancellation was requested: record that, do not run
     EXHAUSTED = "exhausted"  # too many attempts: fail the rollout
     ABANDONED = "abandoned"  # a worker gave it up (its abandon reason): fail the rollout
-    BUSY = "busy"  # another live execution holds it (a duplicate delivery)
+    BUSY = "busy"  # another live execution holds its lease (a duplicate message)
     DONE = "done"  # already finished
     MISSING = "missing"  # no such record (expired)
 
@@ -222,7 +224,11 @@ LUA_VOCABULARY: Mapping[str, type[StrEnum]] = {
     "ADVANCE": Advance,
     "CLOCK_FIELD": ClockField,
 }
-LUA_SETS: Mapping[str, frozenset[Status]] = {"TERMINAL": TERMINAL, "HELD": HELD, "WAITING": WAITING}
+LUA_SETS: Mapping[str, frozenset[Status]] = {
+    "TERMINAL": TERMINAL,
+    "LEASED": LEASED,
+    "WAITING": WAITING,
+}
 
 
 @dataclass(frozen=True)
@@ -283,7 +289,9 @@ class Keys:
         return self._named("finished")
 
     @property
-    def poll_leases(self) -> str:
+    def polling_leases(self) -> str:
+        # The stored name predates the word "polling lease": a fleet upgraded in place must
+        # keep finding the deadlines its running rollouts already have.
         return self._named("poll-leases")
 
     @property
@@ -339,7 +347,7 @@ class Keys:
             "LEASES": self.leases,
             "ACTIVE": self.active,
             "FINISHED": self.finished,
-            "POLLS": self.poll_leases,
+            "POLLING_LEASES": self.polling_leases,
             "CLOCK": self.clock,
             "V2IDS": self.v2_ids,
             "DRAINING": self.draining,
@@ -376,7 +384,7 @@ def lua_prelude(keys: Keys) -> str:
 
 __all__ = [
     "CHANGE_SEPARATOR",
-    "HELD",
+    "LEASED",
     "LUA_SETS",
     "LUA_VOCABULARY",
     "POLLING_CLOCK_GAP_SECONDS",

@@ -118,7 +118,7 @@ async def test_a_v2_retry_after_a_503_takes_the_rollout_over_and_a_duplicate_lat
         return await store.admit_v2(
             key,
             max_queued=100,
-            poll_lease_seconds=60,
+            polling_lease_seconds=60,
             ttl_seconds=60,
             message="MSG",
             lease_digest=digest,
@@ -127,7 +127,7 @@ async def test_a_v2_retry_after_a_503_takes_the_rollout_over_and_a_duplicate_lat
 
     async def poll(digest: str) -> PollOutcome:
         reply = await store.poll(
-            key, digest, poll_lease_seconds=60, retention_seconds=60, lease_expired_result="{}"
+            key, digest, polling_lease_seconds=60, retention_seconds=60, lease_expired_result="{}"
         )
         return reply.outcome
 
@@ -154,7 +154,7 @@ async def test_a_v2_result_is_handed_out_only_once_the_replica_holds_it(
         await store.admit_v2(
             key,
             max_queued=100,
-            poll_lease_seconds=60,
+            polling_lease_seconds=60,
             ttl_seconds=60,
             message="MSG",
             lease_digest="token",
@@ -167,7 +167,7 @@ async def test_a_v2_result_is_handed_out_only_once_the_replica_holds_it(
 
     async def poll() -> PollOutcome:
         reply = await store.poll(
-            key, "token", poll_lease_seconds=60, retention_seconds=60, lease_expired_result="{}"
+            key, "token", polling_lease_seconds=60, retention_seconds=60, lease_expired_result="{}"
         )
         return reply.outcome
 

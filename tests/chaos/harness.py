@@ -118,7 +118,7 @@ class ChaosFleet:
         )
 
     def held_by(self, name: str) -> list[str]:
-        """The records worker ``name`` holds a lease on."""
+        """The records leased to worker ``name``."""
         store, pid = self.redis(), self.fleet.processes[name].pid
         return [
             record

@@ -58,7 +58,7 @@ def test_a_sigterm_mid_run_hands_rollouts_to_other_workers(start_chaos: StartCha
     assert handed, "nothing was handed back"
     for record in handed:
         assert f":{victim_pid}:" not in store.hget(record, "worker")  # finished elsewhere
-        assert store.hget(record, "attempt") == "1"  # a hand-off is not a crash
+        assert store.hget(record, "attempt") == "1"  # a hand-back is not a crash
     record_figures(
         "sigterm",
         chaos.protocol,

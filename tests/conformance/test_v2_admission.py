@@ -156,7 +156,7 @@ def test_73_a_rollout_is_scheduled_before_its_202_is_written(fleet: V2FleetUnder
     record = fleet.record(body["rollout_id"])
     assert record["status"] == "running"
     deadline = fleet.redis.zscore(
-        Keys(fleet.prefix).poll_leases, fleet.record_key(body["rollout_id"])
+        Keys(fleet.prefix).polling_leases, fleet.record_key(body["rollout_id"])
     )
     assert deadline is not None  # it ends at lease expiry (see test_v2_leases)
     assert deadline > 0

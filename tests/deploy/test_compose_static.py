@@ -128,7 +128,7 @@ def test_workers_scale_and_stop_gracefully(services: dict[str, Any]) -> None:
     period = re.fullmatch(r"(\d+)m(\d+)s", worker["stop_grace_period"])
     assert period is not None
     hand_off = float(worker["environment"]["ROLLOUT_FLEET_SHUTDOWN_GRACE_SECONDS"])
-    # The worker's own grace, then its hand-off, fit in compose's before SIGKILL.
+    # The worker's own grace, then its hand-back, fit in compose's before SIGKILL.
     assert int(period.group(1)) * 60 + int(period.group(2)) >= hand_off + 30
     assert worker["init"] is True
 

@@ -329,7 +329,7 @@ def test_docker_kill_of_a_worker_mid_run_loses_nothing(
 
         held = wait_for(lambda: len(found := held_by_victim()) >= 3 and found, 60, "held")
         killed_at = time.time()
-        victim.kill()  # SIGKILL: no grace, no hand-off; its leases lapse
+        victim.kill()  # SIGKILL: no grace, no hand-back; its leases lapse
         deliveries = delivered(stack, trainer, bodies, 180)
     finally:
         trainer.configure(latency_s=0)

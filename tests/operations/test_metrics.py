@@ -90,6 +90,8 @@ def test_metrics_count_what_happened(start_fleet: StartFleet) -> None:
         assert value(workers, calls) == chat_calls
         assert value(workers, "rollout_fleet_traingate_retries_total") == 0
         assert value(workers, "rollout_fleet_worker_inflight_rollouts") == 0
+        # Dashboards and alerts use this name (it predates the word "polling lease"): it stays.
+        assert ("rollout_fleet_poll_lease_expiries_total", frozenset()) in workers
         deadline = time.monotonic() + 10
         while value(scrape(gateway_metrics), "rollout_fleet_queue_depth") and (
             time.monotonic() < deadline

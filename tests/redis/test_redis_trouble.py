@@ -78,7 +78,7 @@ def test_a_blackholed_redis_gets_a_503_not_a_hang(
     assert again.status_code == 202, again.text
 
 
-HELD = 10  # rollouts running when Redis goes away
+LEASED = 10  # rollouts running when Redis goes away
 
 
 def fleet_on(server: RedisServer, tmp_path: Path) -> LocalFleet:
@@ -93,8 +93,8 @@ def fleet_on(server: RedisServer, tmp_path: Path) -> LocalFleet:
 
 
 def running(fleet: LocalFleet, server: RedisServer, label: str, seconds: float) -> list[str]:
-    """Admit ``HELD`` rollouts that sleep ``seconds``; once all run, their record keys."""
-    ids = [new_id(label) for _ in range(HELD)]
+    """Admit ``LEASED`` rollouts that sleep ``seconds``; once all run, their record keys."""
+    ids = [new_id(label) for _ in range(LEASED)]
     for rollout_id in ids:
         body = v1_body(fleet.mock_trainer_url, rollout_id, metadata=script({"sleep": seconds}))
         response = httpx.post(f"{fleet.gateway_url}/v1/rollout/init", json=body)
@@ -141,8 +141,8 @@ def test_a_redis_that_stopped_answering_does_not_make_sweepers_rerun_live_rollou
         time.sleep(2 * float(TEST_ENV["ROLLOUT_FLEET_LEASE_SECONDS"]))
         server.process.signal(signal.SIGCONT)
         wait_statuses(server, records, "success", 60)
-        assert attempts(server, records) == ["1"] * HELD
-        assert callbacks(trainer, records) == [1] * HELD
+        assert attempts(server, records) == ["1"] * LEASED
+        assert callbacks(trainer, records) == [1] * LEASED
     finally:
         server.process.signal(signal.SIGCONT)
         fleet.stop()
@@ -175,7 +175,7 @@ def test_a_redis_restart_whose_aof_load_outlasts_a_lease_reruns_nothing(
         if loaded < lease + 0.5:
             pytest.skip(f"the AOF loaded in {loaded:.1f}s, within a lease: nothing to see")
         wait_statuses(server, records, "success", 90)
-        assert attempts(server, records) == ["1"] * HELD, loaded
+        assert attempts(server, records) == ["1"] * LEASED, loaded
     finally:
         fleet.stop()
         server.stop()
@@ -231,8 +231,8 @@ def test_a_partition_healing_first_for_an_idle_worker_reruns_nothing(
         time.sleep(HEAL_GAP)  # S sweeps meanwhile: leases lapsed, Redis up for long
         holder.heal()
         wait_statuses(server, records, "success", 90)
-        assert attempts(server, records) == ["1"] * HELD
-        assert callbacks(trainer, records) == [1] * HELD
+        assert attempts(server, records) == ["1"] * LEASED
+        assert callbacks(trainer, records) == [1] * LEASED
     finally:
         for proxy in (holder, idle):
             proxy.heal()  # the workers stop cleanly

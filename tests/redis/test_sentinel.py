@@ -188,7 +188,7 @@ async def _admit_v2(store: RecordStore, key: RecordKey) -> AdmitOutcome:
     return await store.admit_v2(
         key,
         max_queued=10,
-        poll_lease_seconds=60,
+        polling_lease_seconds=60,
         ttl_seconds=60,
         message="MSG",
         lease_digest="token",
@@ -198,7 +198,7 @@ async def _admit_v2(store: RecordStore, key: RecordKey) -> AdmitOutcome:
 
 async def _poll(store: RecordStore, key: RecordKey) -> PollReply:
     return await store.poll(
-        key, "token", poll_lease_seconds=60, retention_seconds=60, lease_expired_result=""
+        key, "token", polling_lease_seconds=60, retention_seconds=60, lease_expired_result=""
     )
 
 

@@ -5,15 +5,15 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- Whether the record's entry in a time index (LEASES, POLLS) is there and its time has come
--- (by ``now`` if the caller read the clock already).
+-- Whether the record's entry in a time index (LEASES, POLLING_LEASES) is there and its time
+-- has come (by ``now`` if the caller read the clock already).
 local function due(index, record, now)
   local at = redis.call('ZSCORE', index, record)
   return at ~= false and tonumber(at) <= (now or now_ms())
 end
--- Now (ms), on the clock polling deadlines (POLLS) run on: time the fleet's Redis could not
--- answer does not count against a trainer's polling lease (P§2.7), since every poll failed
--- then. Every fleet process ticks every second (CLOCK_FIELD.tick = now), and so does every
+-- Now (ms), on the clock polling deadlines (POLLING_LEASES) run on: time the fleet's Redis
+-- could not answer does not count against a trainer's polling lease (P§2.7), since every
+-- poll failed then. Every fleet process ticks every second (CLOCK_FIELD.tick = now), and so does every
 -- script that reads or sets a polling deadline. One that finds the last tick older than
 -- POLLING_CLOCK_GAP_MS knows no fleet process reached Redis since (it was stopped, restarting,
 -- loading its AOF, failing over, or cut off from all of them), whoever saw it and whoever did
@@ -27,9 +27,9 @@ local function polling_now()
   local last = tonumber(stored or now)
   local gap = now - last
   if gap > POLLING_CLOCK_GAP_MS then
-    local running = redis.call('ZRANGEBYSCORE', POLLS, '(' .. last, '+inf', 'WITHSCORES')
+    local running = redis.call('ZRANGEBYSCORE', POLLING_LEASES, '(' .. last, '+inf', 'WITHSCORES')
     for i = 1, #running, 2 do
-      redis.call('ZADD', POLLS, tonumber(running[i + 1]) + gap, running[i])
+      redis.call('ZADD', POLLING_LEASES, tonumber(running[i + 1]) + gap, running[i])
     end
     redis.call('HSET', CLOCK, CLOCK_FIELD.away_ms, gap, CLOCK_FIELD.away_at, now)
     redis.call('HINCRBY', CLOCK, CLOCK_FIELD.outages, 1)
@@ -91,7 +91,7 @@ local function terminate(record, status, result, ttl_ms, fields, terminations)
   redis.call('ZREM', LEASES, record)
   redis.call('ZREM', ACTIVE, record)
   if is_v2(record) then
-    redis.call('ZREM', POLLS, record)
+    redis.call('ZREM', POLLING_LEASES, record)
   end
   redis.call('ZADD', FINISHED, now + tonumber(ttl_ms), record)
   redis.call('PEXPIRE', record, ttl_ms)

@@ -1,7 +1,7 @@
 -- Finish a v1 admission: record queued + task message enqueued, in one step.
 -- KEYS: record, queue[, alias: when the rollout id is not the record id]   ARGV: admit_token, ttl_ms, message ('': enqueued by the caller once
 --                      the replicas confirm the record), field, value, ...
--- -> 1, or 0 if this admission lost its claim (its pending TTL ran out) or committed already
+-- -> 1, or 0 if this admission lost its admission key (its pending TTL ran out) or committed already
 --    (a retry after the first reply was lost: the caller replays the stored response)
 -- The token stays in the record once committed (it is no secret); the status tells a
 -- commit that already happened.

@@ -1,6 +1,6 @@
 -- Admit a v2 rollout, checks in the protocol's order: draining, capacity, duplicate.
 -- KEYS: record, queue
--- ARGV: max_queued, poll_lease_ms, ttl_ms, record_id, message, lease_digest, field, value, ...
+-- ARGV: max_queued, polling_lease_ms, ttl_ms, record_id, message, lease_digest, field, value, ...
 -- -> ADMIT.draining | ADMIT.full | ADMIT.duplicate | ADMIT.queued
 -- The same admission sent again (a client retrying after its connection to Redis broke, the
 -- first reply lost) carries the same lease digest: it is answered ADMIT.queued again. So is a
@@ -28,7 +28,7 @@ redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued, FIELD.accepted_at, now,
            FIELD.lease_digest, ARGV[6], unpack(ARGV, 7))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', ACTIVE, now, KEYS[1])
-redis.call('ZADD', POLLS, deadline, KEYS[1])
+redis.call('ZADD', POLLING_LEASES, deadline, KEYS[1])
 redis.call('ZADD', V2IDS, 0, ARGV[4])
 redis.call('LPUSH', KEYS[2], ARGV[5])
 return ADMIT.queued

@@ -9,7 +9,7 @@
 --    | ADVANCE.lost (this execution no longer holds the rollout: its result is discarded)
 local fields = redis.call('HMGET', KEYS[1], FIELD.execution, FIELD.status, FIELD.cancel_requested,
                           FIELD.terminations)
-if fields[1] ~= ARGV[1] or not HELD[fields[2]] then
+if fields[1] ~= ARGV[1] or not LEASED[fields[2]] then
   return ADVANCE.lost
 end
 local status, result, outcome = ARGV[2], ARGV[3], ADVANCE.moved

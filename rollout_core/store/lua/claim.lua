@@ -22,7 +22,7 @@ end
 if TERMINAL[status] then
   return {VERDICT.done}
 end
-local repeated = record[FIELD.execution] == ARGV[1] and HELD[status]
+local repeated = record[FIELD.execution] == ARGV[1] and LEASED[status]
 if status ~= STATUS.queued and not repeated then
   local expiry = redis.call('ZSCORE', LEASES, KEYS[1])
   if expiry and tonumber(expiry) > now then

@@ -11,7 +11,7 @@ for i = 1, #KEYS do
   local execution = ARGV[i + 2]
   local fields = redis.call('HMGET', KEYS[i], FIELD.execution, FIELD.status,
                             FIELD.cancel_requested)
-  if fields[1] == execution and HELD[fields[2]] then
+  if fields[1] == execution and LEASED[fields[2]] then
     redis.call('ZADD', LEASES, now + tonumber(ARGV[1]), KEYS[i])
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
     if fields[3] and fields[2] ~= STATUS.delivering then

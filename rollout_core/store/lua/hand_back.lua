@@ -1,11 +1,11 @@
--- A worker gives a rollout back to the front of the queue at once (not when its lease would
+-- A worker hands a rollout back to the front of the queue at once (not when its lease would
 -- lapse): one it runs, when it stops (SIGTERM) or recycles itself (its event loop stalled),
 -- or one it took from the queue but never started (its message dies with the worker).
--- A rollout already delivering its result is not given back: its callback may be in flight,
+-- A rollout already delivering its result is not handed back: its callback may be in flight,
 -- and a second worker would post it again.
 -- KEYS: record, queue   ARGV: execution ('' for one never started), message, reason
 --   reason (optional): the rollout is abandoned; its next claim fails it with this reason
--- -> 1 given back, 0 not (not this execution's any more, started elsewhere, or delivering)
+-- -> 1 handed back, 0 not (not this execution's any more, started elsewhere, or delivering)
 local fields = redis.call('HMGET', KEYS[1], FIELD.execution, FIELD.status)
 if ARGV[1] == '' then
   if fields[2] ~= STATUS.queued then
@@ -25,7 +25,7 @@ redis.call('HDEL', KEYS[1], FIELD.execution)
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], FIELD.abandon_reason, ARGV[3])
 else
-  -- A hand-off is not a crash: it must not count towards max_attempts.
+  -- A hand-back is not a crash: it must not count towards max_attempts.
   redis.call('HINCRBY', KEYS[1], FIELD.attempt, -1)
   redis.call('HINCRBY', KEYS[1], FIELD.handoffs, 1)
 end

@@ -2,10 +2,10 @@
 -- result, and stop its execution; unless a poll renewed its lease since it was found overdue.
 -- KEYS: record   ARGV: lease_expired_result, ttl_ms
 -- -> 1 expired, 0 nothing to do
-if not due(POLLS, KEYS[1], polling_now()) then
+if not due(POLLING_LEASES, KEYS[1], polling_now()) then
   return 0
 end
-redis.call('ZREM', POLLS, KEYS[1])
+redis.call('ZREM', POLLING_LEASES, KEYS[1])
 local status = redis.call('HGET', KEYS[1], FIELD.status)
 if not status or TERMINAL[status] then
   return 0
