@@ -238,7 +238,7 @@ async def test_unknown_records_are_missing(store: RecordStore) -> None:
     assert await store.find("nope") is None
 
 
-async def test_a_hand_off_requeues_at_once_without_counting_an_attempt(
+async def test_a_hand_back_requeues_at_once_without_counting_an_attempt(
     store: RecordStore, redis: Redis
 ) -> None:
     key = await admitted(store)
