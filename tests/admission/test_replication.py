@@ -114,7 +114,7 @@ async def test_a_v2_retry_after_a_503_takes_the_rollout_over_and_a_duplicate_lat
 ) -> None:
     key = store.keys.record("v2", "retried")
 
-    async def admit(digest: str) -> AdmitOutcome:
+    async def admit(digest: str, request: str = '{"prompt": "mine"}') -> AdmitOutcome:
         return await store.admit_v2(
             key,
             max_queued=100,
@@ -122,7 +122,7 @@ async def test_a_v2_retry_after_a_503_takes_the_rollout_over_and_a_duplicate_lat
             ttl_seconds=60,
             message="MSG",
             lease_digest=digest,
-            fields={RecordField.PROTOCOL: "v2"},
+            fields={RecordField.PROTOCOL: "v2", RecordField.REQUEST: request},
         )
 
     async def poll(digest: str) -> PollOutcome:
@@ -135,6 +135,9 @@ async def test_a_v2_retry_after_a_503_takes_the_rollout_over_and_a_duplicate_lat
     with pytest.raises(NotReplicated):
         await admit("first-token")
     replica.resume()
+    # Another trainer's admission of the id, for another rollout, takes nothing over: the
+    # stored request is the one that runs, and its result is the first trainer's.
+    assert await admit("stranger", '{"prompt": "theirs"}') is AdmitOutcome.DUPLICATE
     assert await admit("retry-token") is AdmitOutcome.QUEUED  # before: DUPLICATE (409)
     assert await poll("retry-token") is PollOutcome.STATUS
     assert await poll("first-token") is PollOutcome.FORBIDDEN

@@ -5,11 +5,22 @@
 -- The same admission sent again (a client retrying after its connection to Redis broke, the
 -- first reply lost) carries the same lease digest: it is answered ADMIT.queued again. So is a
 -- retry of an admission whose replicas never confirmed it (answered 503): it takes the
--- rollout over with its own lease digest. Either way the digest is written, so the WAIT after
--- the script confirms the record reached the replicas before the trainer hears 202.
-local held = redis.call('HMGET', KEYS[1], FIELD.status, FIELD.lease_digest, FIELD.unconfirmed)
+-- rollout over with its own lease digest, if it asks for the same rollout (the stored request
+-- is the one that runs: another trainer's admission of the id must not get its result). Either
+-- way the digest is written, so the WAIT after the script confirms the record reached the
+-- replicas before the trainer hears 202.
+local held = redis.call('HMGET', KEYS[1], FIELD.status, FIELD.lease_digest, FIELD.unconfirmed,
+                        FIELD.request)
 local digest = held[2]
-if digest == ARGV[6] or (digest and held[3]) then
+local function same_request()
+  for i = 7, #ARGV - 1, 2 do
+    if ARGV[i] == FIELD.request then
+      return held[4] == ARGV[i + 1]
+    end
+  end
+  return false
+end
+if digest == ARGV[6] or (digest and held[3] and same_request()) then
   redis.call('HSET', KEYS[1], FIELD.lease_digest, ARGV[6])
   return ADMIT.queued
 end
