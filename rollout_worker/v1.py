@@ -1,17 +1,6 @@
-"""The v1 carrier: runs the agent loop and delivers its completion callback.
-
-The completion body is stored (status ``delivering``) before it is posted, so a worker that
-dies mid-delivery leaves a result another worker delivers instead of a rollout the trainer
-never hears about. Each POST attempt (the SDK's retries included) goes on the wire only after
-the lease is confirmed (:meth:`Lease.confirm`, at the moment its headers are written), so a
-worker that was frozen or lost its lease never posts a result another worker now owns. A
-POST on the wire is seen through: a cancel or a lost lease waits for it (the trainer may be
-reading it); before that, a lost lease stops it. Every callback of one admission carries the
-same ``Idempotency-Key`` (its admission token) so a receiver can drop a repeat, and a new
-admission of the same id gets a new one. A repeat happens only when a worker dies between a
-POST and the write that records its answer, or when the trainer does not answer an attempt
-in time and the SDK retries it (docs/RELIABILITY.md): the write that records an answer is
-retried through any Redis outage, the execution holding its lease meanwhile.
+"""The v1 carrier: runs the agent loop, then hands its completion body to the callback's
+delivery (``rollout_worker/delivery.py``: stored first, posted while the lease holds, the
+trainer's answer recorded).
 
 A rollout the worker cannot carry (its record cannot be read: the API key does not open, the
 request does not parse; or the worker faulted on it) still ends with one ERROR callback
@@ -21,12 +10,10 @@ saying why, sent without ``Authorization`` (the key is what may not be readable)
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import re
 import time
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,79 +26,21 @@ from rollout_core.store import (
     RecordField,
     RolloutRecord,
     Status,
-    StoreError,
     Verdict,
 )
 from rollout_sdk.client import HttpClientShards, OsmosisLLMClient, Turn
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
-from rollout_sdk.core.exceptions import (
-    OsmosisRolloutError,
-    OsmosisServerError,
-    OsmosisTimeoutError,
-    OsmosisValidationError,
-    RefusedDestinationError,
-)
-from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
+from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse
 from rollout_sdk.runner import error_response, run_agent_loop
-from rollout_worker import metrics
+from rollout_worker.delivery import Callback, CallbackDelivery, terminal_status
 from rollout_worker.execution import CANCELLED, Lease, Refusal, time_limit_message
 
 logger = logging.getLogger(__name__)
 
-AGENT_ERROR = "agent_error"  # v1 results carry no error category; a failed one is the agent's
 NOT_DELIVERED = "not delivered: "
-# Recording a trainer's answer is retried through a Redis outage: first after this pause,
-# doubling up to a third of the lease (the heartbeat's period).
-ANSWER_RETRY_SECONDS = 0.25
 # A request whose JSON no longer parses at all may still name its callback URL.
 _SERVER_URL = re.compile(r'"server_url"\s*:\s*"([^"\\]+)"')
-
-
-class _LeaseLost(Exception):
-    """Raised before a POST attempt goes out: another execution owns the rollout now."""
-
-
-def delivery_failure(exc: Exception) -> str:
-    """What the record says about a failed callback: the status or the kind of failure, never
-    the receiver's answer (a foreign endpoint's body must not be stored or returned)."""
-    if isinstance(exc, OsmosisValidationError | OsmosisServerError):
-        return f"failed: the trainer answered HTTP {exc.status_code}"
-    if isinstance(exc, RefusedDestinationError):  # our own words, never the receiver's
-        return f"failed: {exc}"
-    if isinstance(exc, OsmosisTimeoutError):
-        return "failed: the trainer did not answer in time (it may have received the callback)"
-    if isinstance(exc, OsmosisRolloutError):
-        return "failed: the trainer could not be reached"
-    # Not the trainer's doing: the same request would fail the same way every time.
-    return f"failed: the callback could not be sent ({type(exc).__name__})"
-
-
-def idempotency_key(record: RolloutRecord) -> str:
-    """The ``Idempotency-Key`` of a rollout's callbacks: its admission's token, unique per
-    admission and header-safe whatever its ids hold."""
-    if record.admit_token:
-        return record.admit_token
-    # A record admitted before tokens were kept: a digest of its id, stable across repeats.
-    return hashlib.sha256(record.rollout_id.encode()).hexdigest()[:32]
-
-
-def terminal_status(response: RolloutResponse) -> Status:
-    return Status.SUCCESS if response.status is RolloutStatus.COMPLETED else Status.FAILURE
-
-
-@dataclass(frozen=True)
-class _Callback:
-    """Where a rollout's completion callback goes, and the key it carries (``None``: sent
-    without ``Authorization``)."""
-
-    server_url: str
-    rollout_id: str
-    api_key: str | None
-
-    @classmethod
-    def of(cls, request: RolloutRequest) -> _Callback:
-        return cls(request.server_url, request.rollout_id, request.api_key)
 
 
 def unreadable_callback_url(record: RolloutRecord) -> str | None:
@@ -156,8 +85,9 @@ class V1Carrier:
         self._box = box
         self._sdk_settings = sdk_settings
         self._debug_dir = debug_dir
+        self._delivery = CallbackDelivery(self._client)
 
-    def _client(self, to: _Callback) -> OsmosisLLMClient:
+    def _client(self, to: Callback) -> OsmosisLLMClient:
         return OsmosisLLMClient(
             to.server_url,
             to.rollout_id,
@@ -168,12 +98,12 @@ class V1Carrier:
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
-        to = _Callback.of(request)
+        to = Callback.of(request)
         if claim.verdict is Verdict.DELIVERING:  # a worker died delivering it: deliver again
             stored = RolloutResponse.model_validate_json(claim.record.result or "")
-            return await self._deliver_stored(claim, lease, to, stored)
+            return await self._delivery.post_stored(claim, lease, to, stored)
         response, turns = await self._run(claim, request)
-        return await self._deliver(claim, lease, to, response, turns)
+        return await self._delivery.store_and_post(claim, lease, to, response, turns)
 
     async def refuse(self, claim: Claim, refusal: Refusal, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
@@ -182,7 +112,7 @@ class V1Carrier:
         if claim.record.status is Status.DELIVERING:  # exhausted delivering: ends undelivered
             return await self._give_up_delivery(claim, lease)
         response = error_response(request.rollout_id, refusal.message)
-        return await self._deliver(claim, lease, _Callback.of(request), response)
+        return await self._delivery.store_and_post(claim, lease, Callback.of(request), response)
 
     async def _give_up_delivery(self, claim: Claim, lease: Lease) -> Status | None:
         """Every worker that took this stored result to deliver stopped before it recorded the
@@ -217,12 +147,12 @@ class V1Carrier:
                 Status.FAILURE, result=response.wire_json(), fields=fields
             )
             return None if advanced is Advance.LOST else Status.FAILURE
-        to = _Callback(url, rollout_id, None)
+        to = Callback(url, rollout_id, None)
         if claim.verdict is Verdict.DELIVERING:
             stored = _stored_response(claim.record)
             if stored is not None:
-                return await self._deliver_stored(claim, lease, to, stored)
-        return await self._deliver(claim, lease, to, response)
+                return await self._delivery.post_stored(claim, lease, to, stored)
+        return await self._delivery.store_and_post(claim, lease, to, response)
 
     async def _end_after_fault(self, lease: Lease, message: str) -> Status | None:
         """The worker faulted after this execution's callback went out: the rollout ends with
@@ -240,7 +170,7 @@ class V1Carrier:
         calls returned besides the message."""
         assert self._agent_loop is not None, "a v1 rollout reached a worker without a v1 agent"
         tools: list[Any] = json.loads(claim.record.response or "{}")["tools"]
-        client = self._client(_Callback.of(request))
+        client = self._client(Callback.of(request))
         ctx = RolloutContext(
             request,
             tools,
@@ -265,148 +195,6 @@ class V1Carrier:
             response = response.model_copy(update={"error_message": redacted})
         return response, client.turns()
 
-    async def _deliver(
-        self,
-        claim: Claim,
-        lease: Lease,
-        to: _Callback,
-        response: RolloutResponse,
-        turns: list[Turn] | None = None,
-    ) -> Status | None:
-        """Store the completion body, then post it. If the rollout's cancellation was requested
-        meanwhile, the cancelled response is stored and posted instead (never a success)."""
-        fields = {RecordField.TURNS: json.dumps(turns or [])}
-        cancelled = error_response(to.rollout_id, CANCELLED)
-        advanced = await lease.advance(
-            Status.DELIVERING,
-            result=response.wire_json(),
-            cancelled_result=cancelled.wire_json(),
-            fields=fields,
-        )
-        if advanced is Advance.LOST:
-            return None
-        if advanced is Advance.CANCELLED:
-            response = cancelled
-        return await self._deliver_stored(claim, lease, to, response)
-
-    async def _deliver_stored(
-        self, claim: Claim, lease: Lease, to: _Callback, response: RolloutResponse
-    ) -> Status | None:
-        """Post and record the outcome. An operator's cancel never cuts it (the result is
-        stored and final); a lost lease stops it only while no attempt is on the wire."""
-        wire = _Wire(lease, idempotency_key(claim.record))
-        delivery = asyncio.ensure_future(self._post_and_record(lease, to, response, wire))
-        task = asyncio.current_task()
-        while True:
-            try:
-                return await asyncio.shield(delivery)
-            except asyncio.CancelledError:
-                if delivery.cancelled():
-                    raise
-                if lease.lost and not wire.sent:
-                    delivery.cancel()
-                    logger.info(
-                        "rollout %s: lease lost before its callback went out", to.rollout_id
-                    )
-                    raise
-                if task is not None:
-                    task.uncancel()  # seen through first; the outcome says what happened
-                logger.info("rollout %s: cancel waits for its delivery", to.rollout_id)
-
-    async def _post_and_record(
-        self, lease: Lease, to: _Callback, response: RolloutResponse, wire: _Wire
-    ) -> Status | None:
-        try:
-            delivery = await self._post(to, response, wire)
-        except _LeaseLost:
-            logger.warning(
-                "rollout %s: lease lost; its callback was not posted here", to.rollout_id
-            )
-            return None
-        status = terminal_status(response)
-        advanced = await self._record_answer(lease, status, delivery, to.rollout_id)
-        if advanced is Advance.LOST:
-            return None
-        metrics.rollout_finished(
-            PROTOCOL, status, None if status is Status.SUCCESS else AGENT_ERROR
-        )
-        return status
-
-    @staticmethod
-    async def _record_answer(
-        lease: Lease, status: Status, delivery: str, rollout_id: str
-    ) -> Advance:
-        """Record how the callback went, retrying through any Redis outage (from
-        ``ANSWER_RETRY_SECONDS``, doubling up to a third of the lease): the execution stays
-        registered meanwhile, so the heartbeat renews its lease as soon as Redis answers, and
-        no sweeper hands the stored result to another worker to post again."""
-        pause, tries = ANSWER_RETRY_SECONDS, 0
-        while True:
-            try:
-                advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
-            except StoreError as exc:
-                if tries == 0:
-                    logger.warning(
-                        "rollout %s: the trainer answered, but Redis does not take the answer "
-                        "(%s); retrying until it does",
-                        rollout_id,
-                        type(exc).__name__,
-                    )
-                tries += 1
-                await asyncio.sleep(pause)
-                pause = min(2 * pause, lease.seconds / 3)
-                continue
-            if tries and advanced is not Advance.LOST:
-                logger.warning(
-                    "rollout %s: the trainer's answer recorded after %d retries", rollout_id, tries
-                )
-            return advanced
-
-    async def _post(self, to: _Callback, response: RolloutResponse, wire: _Wire) -> str:
-        try:
-            await self._client(to).post_completion(
-                response, idempotency_key=wire.idempotency_key, before_send=wire.before_send
-            )
-        except (_LeaseLost, StoreError):
-            raise  # not the callback's failure: Redis could not confirm the lease (it passes)
-        except Exception as exc:  # every failure counts once: the rollout ends, saying why
-            reason = redact(str(exc), to.api_key)
-            logger.warning(
-                "rollout %s: completion callback not delivered: %s", to.rollout_id, reason
-            )
-            metrics.CALLBACKS.labels("failed").inc()
-            return delivery_failure(exc)
-        metrics.CALLBACKS.labels("delivered").inc()
-        if wire.attempts > 1:  # earlier attempts were sent whole: they timed out, broke or 5xx'd
-            return (
-                f"delivered on attempt {wire.attempts}; the trainer may have received the "
-                f"{wire.attempts - 1} before"
-            )
-        return "delivered"
-
-
-class _Wire:
-    """One delivery's POST attempts: each goes out only while the lease holds, checked as its
-    headers and again as its body are about to be written."""
-
-    def __init__(self, lease: Lease, idempotency_key: str) -> None:
-        self._lease = lease
-        self.idempotency_key = idempotency_key
-        self.sent = False  # an attempt's request reached the wire
-        self._checks = 0
-
-    @property
-    def attempts(self) -> int:
-        """Attempts whose whole request went out (checked at its headers and at its body)."""
-        return self._checks // 2
-
-    async def before_send(self) -> None:
-        if not await self._lease.confirm():
-            raise _LeaseLost
-        self._checks += 1
-        self.sent = True
-        self._lease.posted = True
-
 
 def _stored_response(record: RolloutRecord) -> RolloutResponse | None:
     """A record's stored completion body, if it has one that parses."""
@@ -418,4 +206,4 @@ def _stored_response(record: RolloutRecord) -> RolloutResponse | None:
         return None
 
 
-__all__ = ["V1Carrier", "delivery_failure", "idempotency_key", "unreadable_callback_url"]
+__all__ = ["V1Carrier", "unreadable_callback_url"]

@@ -120,7 +120,10 @@ def test_42_callback_503_twice_then_200_is_delivered_on_the_third_attempt(
     rollout_id = _with_callback_faults(fleet, {"status": 503, "times": 2})
     record = fleet.wait_status(rollout_id, {"success", "failure"})
     assert _completed_statuses(fleet, rollout_id) == [503, 503, 200]
-    assert record["delivery"] == "delivered"
+    # The two 503'd attempts were sent whole: the trainer may have taken them before failing.
+    assert record["delivery"] == (
+        "delivered on attempt 3; the trainer may have received the 2 before"
+    )
 
 
 def test_42_callback_always_503_stops_after_three_attempts_with_a_clear_state(
