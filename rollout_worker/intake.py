@@ -120,7 +120,7 @@ class Intake:
     async def _take(self) -> str | None:
         try:
             raw = await self._store.take(TAKE_WAIT_SECONDS)
-        except StoreError as exc:
+        except Exception as exc:  # StoreError, or anything else: never the end of taking
             if not self._redis_away:
                 logger.warning("cannot take messages (%s); retrying", type(exc).__name__)
             self._redis_away = True
