@@ -23,9 +23,16 @@ QUEUE = "shared-queue"
 OWNER_KEY = f"_rollout_fleet.queue_owner.{QUEUE}"
 
 
-def refusals_of_gateway_and_worker(env: dict[str, str]) -> list[str]:
-    """What a gateway and a worker started with ``env`` said as they refused to start (exit
-    2, no traceback)."""
+def refusals_of_gateway_and_worker(redis_url: str, prefix: str, queue: str) -> list[str]:
+    """What a gateway and a worker of key prefix ``prefix`` and queue ``queue`` said as they
+    refused to start (exit 2, no traceback)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
+    env |= {
+        "REDIS_URL": redis_url,
+        "AGENT": SCRIPTED_AGENT,
+        "ROLLOUT_FLEET_KEY_PREFIX": prefix,
+        "ROLLOUT_FLEET_QUEUE": queue,
+    }
     outputs = []
     for command in ("gateway", "worker"):
         ports = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "gateway" else []
@@ -42,14 +49,7 @@ def test_a_fleet_whose_queue_another_prefix_uses_refuses_to_start(start_fleet: S
     first = start_fleet(
         workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": QUEUE}
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
-    env |= {
-        "REDIS_URL": first.fleet.redis_url,
-        "AGENT": SCRIPTED_AGENT,
-        "ROLLOUT_FLEET_KEY_PREFIX": "fb",
-        "ROLLOUT_FLEET_QUEUE": QUEUE,
-    }
-    for output in refusals_of_gateway_and_worker(env):
+    for output in refusals_of_gateway_and_worker(first.fleet.redis_url, "fb", QUEUE):
         assert "used by the fleet with key prefix 'fa'" in output
         assert "ROLLOUT_FLEET_QUEUE" in output
 
@@ -97,14 +97,7 @@ def test_a_process_of_a_fleet_on_another_queue_refuses_to_start(start_fleet: Sta
     first = start_fleet(
         workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fq", "ROLLOUT_FLEET_QUEUE": QUEUE}
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
-    env |= {
-        "REDIS_URL": first.fleet.redis_url,
-        "AGENT": SCRIPTED_AGENT,
-        "ROLLOUT_FLEET_KEY_PREFIX": "fq",
-        "ROLLOUT_FLEET_QUEUE": "another-queue",
-    }
-    for output in refusals_of_gateway_and_worker(env):
+    for output in refusals_of_gateway_and_worker(first.fleet.redis_url, "fq", "another-queue"):
         assert "the fleet with key prefix 'fq' uses the queue 'shared-queue'" in output
         assert "this process has 'another-queue'" in output
     assert first.redis.get("fq:queue") == QUEUE
