@@ -4,7 +4,8 @@ the rollout it is about (``rollout_id``) when there is one.
 Code working on a rollout runs inside :func:`about`; a request log line (uvicorn's access log)
 names the rollout in its path. :func:`log_config` is one ``logging.config.dictConfig``
 for every process: the gateway hands it to uvicorn (so each of its worker processes applies
-it), a worker applies it when Celery asks (``setup_logging``).
+it), a worker applies it when Celery asks (``setup_logging``). Its handler shows ``***`` for
+the keys of the rollouts the process holds (``secrets.hiding``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import re
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
 from typing import Any, Literal
+
+from rollout_core.secrets import HiddenSecretsFilter
 
 LogFormat = Literal["text", "json"]
 
@@ -74,13 +77,16 @@ def log_config(level: str, log_format: LogFormat) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"rollout_id": {"()": RolloutIdFilter}},
+        "filters": {
+            "rollout_id": {"()": RolloutIdFilter},
+            "hidden_secrets": {"()": HiddenSecretsFilter},
+        },
         "formatters": {"fleet": formatter},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "formatter": "fleet",
-                "filters": ["rollout_id"],
+                "filters": ["rollout_id", "hidden_secrets"],
                 "stream": "ext://sys.stderr",
             }
         },

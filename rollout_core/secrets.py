@@ -12,12 +12,21 @@ Gateways and workers must share the key, so gateways seal a known value, the *ke
 under ``<prefix>:key-canary`` as they start (the first worker does if no gateway did), and a
 worker that cannot open it refuses to start, saying so: otherwise each rollout it took would
 fail with an unreadable record.
+
+Logs: while a worker holds a rollout, its key is *hidden* (:func:`hiding`): every line the
+process logs shows ``***`` in its place, in the message and in a traceback alike, whoever
+logs it (the agent, the SDK, a library); :class:`HiddenSecretsFilter` does it on the fleet's
+log handler.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import traceback
+from collections import Counter
+from collections.abc import Iterator
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
@@ -143,13 +152,78 @@ def redact(text: str, *secrets: str | None) -> str:
     return text
 
 
+class _Hidden:
+    """The secrets this process's log lines must not show. Written on the event loop, read by
+    any thread that logs: readers take an immutable snapshot."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._uses: Counter[str] = Counter()
+        self.now: tuple[str, ...] = ()
+
+    def add(self, secret: str) -> None:
+        with self._lock:
+            self._uses[secret] += 1
+            self.now = tuple(self._uses)
+
+    def remove(self, secret: str) -> None:
+        with self._lock:
+            self._uses[secret] -= 1
+            if self._uses[secret] <= 0:
+                del self._uses[secret]
+            self.now = tuple(self._uses)
+
+
+_hidden = _Hidden()
+
+
+@contextlib.contextmanager
+def hiding(secret: str | None) -> Iterator[None]:
+    """While the block runs, every line this process logs shows ``***`` for ``secret`` (any
+    task, thread or logger: an agent's exception quoting its key is logged by code that never
+    saw the key)."""
+    if not secret:
+        yield
+        return
+    _hidden.add(secret)
+    try:
+        yield
+    finally:
+        _hidden.remove(secret)
+
+
+class HiddenSecretsFilter(logging.Filter):
+    """Replaces every hidden secret (:func:`hiding`) in a record's message, traceback and
+    stack with ``***``. On a handler, so it sees every logger's lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = _hidden.now
+        if not secrets:
+            return True
+        message = record.getMessage()
+        shown = redact(message, *secrets)
+        if shown != message:
+            record.msg, record.args = shown, None
+        if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
+            # Formatted here, once, so the formatter prints the redacted text instead.
+            record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, *secrets)
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info, *secrets)
+        return True
+
+
 __all__ = [
     "CANARY",
     "REDACTED",
+    "HiddenSecretsFilter",
     "KeysDiffer",
     "SecretBox",
     "SecretUnreadable",
     "check_key_canary",
+    "hiding",
     "keep_key_canary",
     "load_secret_box",
     "redact",

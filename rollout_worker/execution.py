@@ -25,6 +25,7 @@ from typing import Protocol as Interface
 
 from rollout_core import logs, tracing
 from rollout_core.protocols.sealed import UnreadableRecord
+from rollout_core.secrets import hiding
 from rollout_core.settings import FleetSettings
 from rollout_core.store import (
     Advance,
@@ -184,6 +185,11 @@ class Carrier(Interface):
     protocol: Protocol  # the generation it carries
     retention_seconds: float  # how long a finished record of this protocol is kept
 
+    def secret(self, claim: Claim) -> str | None:
+        """The API key the rollout's record carries (hidden from every log line while this
+        worker holds it), or ``None``: none, or one that does not open."""
+        ...
+
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         """Run the rollout (or deliver its stored result)."""
         ...
@@ -273,7 +279,10 @@ class Executor:
         self._executions[execution] = _Execution(key, task, task_id, lease)
         try:
             refusal = Refusal.of(claim) or Refusal.foreign(protocol, self._speaks)
-            with tracing.execution(claim.record, self.store.keys.record_id(key)):
+            with (
+                tracing.execution(claim.record, self.store.keys.record_id(key)),
+                hiding(carrier.secret(claim)),
+            ):
                 status = await self._carry(carrier, claim, refusal, lease)
         finally:
             metrics.INFLIGHT.dec()

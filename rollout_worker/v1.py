@@ -17,6 +17,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from rollout_core.protocols.sealed import secret_of
 from rollout_core.protocols.v1 import PROTOCOL, request_from_record
 from rollout_core.secrets import SecretBox, redact
 from rollout_core.store import (
@@ -95,6 +96,9 @@ class V1Carrier:
             settings=self._sdk_settings,
             http_client=self._http.for_rollout(to.rollout_id),
         )
+
+    def secret(self, claim: Claim) -> str | None:
+        return secret_of(claim.record, self._box)
 
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)

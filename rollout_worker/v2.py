@@ -19,8 +19,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from rollout_core.protocols.sealed import secret_of
 from rollout_core.protocols.v2 import PROTOCOL, request_from_record
-from rollout_core.secrets import SecretBox
+from rollout_core.secrets import SecretBox, redact
 from rollout_core.store import Advance, Claim, Protocol, RecordField, Status, Verdict
 from rollout_sdk.backend.base import ExecutionBackend
 from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
@@ -115,6 +116,9 @@ class V2Carrier:
         limit = self._bundle.max_concurrent if self._bundle is not None else None
         self._slots = asyncio.Semaphore(limit) if limit else None
 
+    def secret(self, claim: Claim) -> str | None:
+        return secret_of(claim.record, self._box)
+
     async def carry(self, claim: Claim, lease: Lease) -> Status | None:
         request = request_from_record(claim.record, self._box)
         owned = self._ownership.fields(request.rollout_id, request.metadata)
@@ -126,6 +130,10 @@ class V2Carrier:
                 # Cancel requested, polling lease expired, or worker lease lost: only a rollout
                 # this worker still holds can record the cancellation.
                 result, trajectory = cancelled_result(request.rollout_id), ""
+        if result.err_message and request.llm_api_key:
+            # An agent's exception may quote the trainer's key: never stored nor returned.
+            shown = redact(result.err_message, request.llm_api_key)
+            result = result.model_copy(update={"err_message": shown})
         return await self._record(lease, owned, result, trajectory, recorder.turns)
 
     def _recording(self) -> contextlib.AbstractContextManager[TurnRecorder]:

@@ -60,4 +60,14 @@ def request_of[Request: BaseModel](
     return request
 
 
-__all__ = ["UnreadableRecord", "admission_fields", "request_of"]
+def secret_of(record: RolloutRecord, box: SecretBox) -> str | None:
+    """The API key a record carries, unsealed; ``None`` if it has none or it does not open."""
+    if record.secret is None:
+        return None
+    try:
+        return box.open(record.secret)
+    except SecretUnreadable:
+        return None
+
+
+__all__ = ["UnreadableRecord", "admission_fields", "request_of", "secret_of"]

@@ -78,8 +78,9 @@ def test_error_messages_never_echo_the_trainer_key(fleet: FleetUnderTest) -> Non
 def test_an_agent_error_quoting_the_trainer_key_is_stored_and_sent_without_it(
     fleet: FleetUnderTest,
 ) -> None:
-    """An agent whose exception quotes the trainer's API key: the ERROR callback, the record
-    and ``GET /v1/rollouts/{id}`` carry ``***`` in its place."""
+    """An agent whose exception quotes the trainer's API key: the ERROR callback, the record,
+    ``GET /v1/rollouts/{id}`` and the worker's log lines (the traceback included) carry
+    ``***`` in its place."""
     body = fleet.body(
         api_key="sk-live-AGENTLEAK", metadata=script({"raise": "bad key sk-live-AGENTLEAK"})
     )
@@ -93,6 +94,12 @@ def test_an_agent_error_quoting_the_trainer_key_is_stored_and_sent_without_it(
     stored = fleet.redis.hget(fleet.record_key(body["rollout_id"]), "result") or ""
     assert "bad key ***" in stored
     assert "sk-live-AGENTLEAK" not in stored
+    worker_logs = "\n".join(
+        process.output() for name, process in fleet.fleet.processes.items() if "worker" in name
+    )
+    assert "Traceback" in worker_logs
+    assert "bad key ***" in worker_logs  # the SDK runner's line, with its traceback
+    assert "sk-live-AGENTLEAK" not in worker_logs
 
 
 def test_the_sealed_trainer_key_is_not_in_the_record(fleet: FleetUnderTest) -> None:
@@ -252,14 +259,35 @@ def test_a_request_nested_deeper_than_workers_read_back_is_422_and_writes_nothin
     assert callback["status"] == "COMPLETED", callback
 
 
-v2_deep = v2_fleet(workers=1, gateways=1)
+v2_one = v2_fleet(workers=1, gateways=1)
 
 
 def test_a_v2_request_nested_too_deep_is_422_and_writes_nothing(
-    v2_deep: V2FleetUnderTest,
+    v2_one: V2FleetUnderTest,
 ) -> None:
-    body = v2_deep.body(metadata={"deep": nested(MAX_NESTING)})
-    refused = v2_deep.admit(body)
+    body = v2_one.body(metadata={"deep": nested(MAX_NESTING)})
+    refused = v2_one.admit(body)
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"][0]["loc"] == ["body", "metadata"]
-    assert v2_deep.redis.exists(v2_deep.record_key(body["rollout_id"])) == 0
+    assert v2_one.redis.exists(v2_one.record_key(body["rollout_id"])) == 0
+
+
+def test_a_v2_agent_error_quoting_the_llm_key_is_stored_polled_and_logged_without_it(
+    v2_one: V2FleetUnderTest,
+) -> None:
+    """A v2 workflow whose exception quotes ``llm_api_key``: the polled result, the record and
+    the worker's log lines carry ``***`` in its place."""
+    result = v2_one.run(
+        llm_api_key="sk-live-V2LEAK",
+        metadata={"script": [{"raise": ["RuntimeError", "bad key sk-live-V2LEAK"]}]},
+    )
+    assert result["status"] == "failure", result
+    assert "***" in result["err_message"], result
+    assert "sk-live-V2LEAK" not in json.dumps(result)
+    stored = v2_one.redis.hget(v2_one.record_key(result["rollout_id"]), "result") or ""
+    assert "sk-live-V2LEAK" not in stored
+    worker_logs = "\n".join(
+        process.output() for name, process in v2_one.fleet.processes.items() if "worker" in name
+    )
+    assert "Traceback" in worker_logs
+    assert "sk-live-V2LEAK" not in worker_logs
