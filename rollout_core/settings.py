@@ -324,6 +324,16 @@ class FleetSettings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _result_kept_for_a_polling_lease(self) -> Self:
+        if self.result_retention_seconds < self.polling_lease_timeout_seconds:
+            raise ValueError(
+                "result_retention_seconds must be at least polling_lease_timeout_seconds: a "
+                "trainer polling on time (once per polling lease) would find a finished "
+                "result already deleted (404)"
+            )
+        return self
+
     @property
     def loop_stall_limit(self) -> float:
         return self.loop_stall_seconds or self.lease_seconds * 2 / 3

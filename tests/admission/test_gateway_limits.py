@@ -22,6 +22,7 @@ from tests.harness import SCRIPTED_V2_AGENT, new_id, script
     [
         ("RESULT_WAIT_TIMEOUT_SECONDS", "120", "polling_lease_timeout_seconds"),
         ("RESULT_RETENTION_SECONDS", "0", "RESULT_RETENTION_SECONDS: must be a finite"),
+        ("RESULT_RETENTION_SECONDS", "60", "result_retention_seconds must be at least polling"),
         ("RESULT_RETENTION_SECONDS", "0.0004", "RESULT_RETENTION_SECONDS: must be a finite"),
         ("LEASE_SECONDS", "inf", "LEASE_SECONDS: must be a finite number of seconds from 0.001"),
         ("DRAIN_FENCE_SECONDS", "nan", "DRAIN_FENCE_SECONDS: must be a finite"),

@@ -96,7 +96,12 @@ def test_a_revoke_does_not_cancel_a_later_admission_of_the_same_id(
     """Flower's Revoke names a Celery task id, which workers remember for hours. Before, task
     ids were derived from the rollout, so the same id admitted again after its retention was
     cancelled at once."""
-    env = {**V2_ENV, "ROLLOUT_FLEET_RESULT_RETENTION_SECONDS": "1"}
+    env = {
+        **V2_ENV,
+        "ROLLOUT_FLEET_RESULT_RETENTION_SECONDS": "2",
+        "ROLLOUT_FLEET_POLLING_LEASE_TIMEOUT_SECONDS": "2",
+        "ROLLOUT_FLEET_RESULT_WAIT_TIMEOUT_SECONDS": "1",
+    }
     handle = start_fleet(SCRIPTED_V2_AGENT, workers=1, env=env, handle=V2FleetUnderTest)
     assert isinstance(handle, V2FleetUnderTest)
     rollout_id = new_id("readmitted")
