@@ -35,6 +35,7 @@ REDIS_COMMAND_TIMEOUT_SECONDS = 3.0
 # milliseconds, so less than 1 ms would become 0, and a year is past any sensible wait or TTL).
 MIN_DURATION_SECONDS = 0.001
 MAX_DURATION_SECONDS = 365 * 86_400.0
+MIN_LEASE_SECONDS = 1.0
 
 
 def _duration(seconds: float, *, zero_allowed: bool) -> float:
@@ -294,6 +295,16 @@ class FleetSettings(BaseSettings):
                 if url.scheme not in ("http", "https") or not url.host:
                     raise ValueError(f"{prefix!r} is not an http(s) URL prefix with a host")
         return value
+
+    @model_validator(mode="after")
+    def _lease_leaves_room(self) -> Self:
+        if self.lease_seconds < MIN_LEASE_SECONDS:
+            raise ValueError(
+                f"lease_seconds must be at least {MIN_LEASE_SECONDS:g}: the worker renews its "
+                "leases every third of it and takes its loop for blocked after two thirds, so "
+                "a shorter lease blames an agent for an import or a GC pause"
+            )
+        return self
 
     @model_validator(mode="after")
     def _stall_below_lease(self) -> Self:

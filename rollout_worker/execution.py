@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 LEASE_LOST = "lease lost"
 HANDED_BACK = "handed back"
 CANCELLED = "cancelled"  # the message of a cancelled rollout, in both generations
+STOPPED_UNANSWERED = "the worker stopped before the trainer answered"
 
 
 def time_limit_message(seconds: float) -> str:
@@ -276,7 +277,7 @@ class Executor:
             asked_at + self._settings.lease_seconds,
         )
         # Registered only inside the try: whatever fails, the heartbeat stops renewing it.
-        self._executions[execution] = _Execution(key, task, task_id, lease)
+        self._executions[execution] = _Execution(key, task, task_id, lease, carrier, claim)
         try:
             refusal = Refusal.of(claim) or Refusal.foreign(protocol, self._speaks)
             with (
@@ -335,11 +336,17 @@ class Executor:
         held, handed = list(self._executions.items()), 0
         try:
             async with asyncio.timeout(hand_back_seconds):
+                kept = []
                 for execution, running in held:
                     # Handed back first: whatever the cancelled task writes afterwards is refused.
                     if await self._hand_back_one(running.key, execution):
                         running.task.cancel()
                         handed += 1
+                    else:
+                        kept.append(running)
+                for running in kept:
+                    if running.lease.posted and not running.task.done():
+                        await self._end_on_the_wire(running)
         except (TimeoutError, StoreError) as exc:
             # Not handed back, so left running: cancelled, one could still write its outcome.
             # Their leases lapse once the worker exits and other workers' sweepers requeue
@@ -351,6 +358,15 @@ class Executor:
             )
         metrics.REQUEUES.labels("handed_back").inc(handed)
         return handed
+
+    @staticmethod
+    async def _end_on_the_wire(running: _Execution) -> None:
+        """A v1 callback still on the wire as the worker stops: it ends here, saying the
+        trainer may have it, as a POST that outlived the client timeout does. Left to lapse,
+        its lease would hand the stored result to another worker to post again."""
+        logger.warning("%s: stopping with its callback unanswered; it ends here", running.key)
+        await running.carrier.fail(running.claim, STOPPED_UNANSWERED, running.lease)
+        running.task.cancel()
 
     async def _hand_back_one(self, key: RecordKey, execution: str) -> bool:
         return await self.store.hand_back(key, execution, self._requeue_message(key))
@@ -403,6 +419,8 @@ class _Execution:
     task: asyncio.Task[object]
     task_id: str  # the Celery task id it runs under ("" when none)
     lease: Lease
+    carrier: Carrier
+    claim: Claim
 
 
 __all__ = [

@@ -372,7 +372,7 @@ class WorkerRuntime:
         others back to the queue and exit; the supervisor (compose's restart policy,
         ``rollout-fleet up``) starts a fresh worker."""
         reason = (
-            f"the agent blocked its worker's event loop for over {stall.seconds:.0f}s (a "
+            f"the agent blocked its worker's event loop for over {stall.seconds:.3g}s (a "
             "blocking call in async code? run it with asyncio.to_thread); the worker was "
             "restarted"
         )

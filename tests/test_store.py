@@ -500,12 +500,12 @@ async def test_a_waiting_rollout_whose_message_vanished_is_found(
 async def test_the_sweeper_resends_a_lost_message_after_two_checks(
     store: RecordStore, redis: Redis
 ) -> None:
-    sweeper = Sweeper(store, lambda key: f"AGAIN {key}", fleet("redis://unused", 0.5))
-    key = await admitted_with_message(store, "r1")  # checks every 2 s
+    sweeper = Sweeper(store, lambda key: f"AGAIN {key}", fleet("redis://unused", 1))
+    key = await admitted_with_message(store, "r1")  # checks every 4 s
     await redis.delete("q")
     assert await sweeper.sweep() == 0  # a suspect: its message may just have been moving
     assert await sweeper.sweep() == 0  # not this worker's turn yet: one check per period
-    await asyncio.sleep(2.1)
+    await asyncio.sleep(4.1)
     assert await sweeper.sweep() == 1
     assert await redis.lrange("q", 0, -1) == [f"AGAIN {key}"]
 

@@ -29,6 +29,7 @@ from tests.harness import SCRIPTED_V2_AGENT, new_id, script
         ("INFLIGHT_TTL_SECONDS", "1e30", "to 31536000 (365 days)"),
         ("MAX_ROLLOUT_SECONDS", "-inf", "MAX_ROLLOUT_SECONDS: must be 0, or a finite"),
         ("INFLIGHT_TTL_SECONDS", "2", "inflight_ttl_seconds must be above lease_seconds"),
+        ("LEASE_SECONDS", "0.3", "lease_seconds must be at least 1"),
         ("ADMISSION_REPLICA_TIMEOUT_SECONDS", "5", "less than or equal to 2"),
     ],
 )

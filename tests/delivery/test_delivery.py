@@ -366,3 +366,40 @@ def test_a_stored_result_whose_deliverers_keep_dying_ends_undelivered_once(
     doorway.open()
     time.sleep(1)
     assert doorway.callbacks == []
+
+
+def test_a_worker_stopping_with_its_callback_unanswered_ends_it_without_a_second(
+    start_fleet: StartFleet,
+) -> None:
+    """SIGTERM while the trainer takes longer to answer the callback than the worker's stop
+    (grace + hand-back + close, ≈ 11 s here): the stopping worker ends the rollout saying the
+    trainer may have it, as a POST past the client timeout does. Before: it exited with the
+    POST open, the lease lapsed, and another worker posted the stored result again (two
+    callbacks answered 200, the record saying plain ``delivered``)."""
+    env = {
+        "ROLLOUT_FLEET_SHUTDOWN_GRACE_SECONDS": "1",
+        "OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS": "40",
+    }
+    handle = start_fleet(workers=2, env=env)
+    rollout_id = new_id("stopping")
+    handle.trainer.add_faults(
+        {"target": "completed", "delay_s": 20.0, "times": 1, "rollout_id": rollout_id}
+    )
+    assert handle.init(handle.body(rollout_id, metadata=COMPLETE_AT_ONCE)).status_code == 202
+    handle.wait_status(rollout_id, {"delivering"})
+    time.sleep(0.5)  # its POST is on the wire, the trainer sitting on it
+    holder = holder_pid(handle, rollout_id)
+    os.kill(holder, signal.SIGTERM)
+    record = handle.wait_status(rollout_id, {"success", "failure"}, timeout=30)
+    assert record["status"] == "success", record
+    assert record["delivery"] == (
+        "failed: the worker stopped before the trainer answered, after its callback went out "
+        "(the trainer may have it)"
+    ), record
+    deadline = time.monotonic() + 40  # the held POST is answered; a takeover would post again
+    while time.monotonic() < deadline and not handle.trainer.calls("completed", rollout_id):
+        time.sleep(0.5)
+    time.sleep(3 * 3 + 2)  # three leases and a sweep: a requeue would have posted by now
+    calls = handle.trainer.calls("completed", rollout_id)
+    assert len(calls) == 1, calls
+    assert handle.record(rollout_id)["delivery"] == record["delivery"]

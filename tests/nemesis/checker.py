@@ -8,6 +8,7 @@ Each violation has a kind (``KINDS``), so a test can tell what the checker found
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -366,35 +367,51 @@ def _check_callbacks(
         )
     if any((s == "COMPLETED") != (status == "success") for s in said):
         report.fail("contradicting_result", "v1", rollout_id, f"called back {said}, {status}")
-    if delivery != "delivered" and not _may_have_received(delivery):
+    allowed = _attempts_the_record_allows(delivery)
+    if allowed is None:
         report.fail(
             "contradicting_result",
             "v1",
             rollout_id,
             f"{len(calls)} callbacks answered 200, the record says delivery {delivery!r}",
         )
-    if _may_have_received(delivery):  # the client timed out: its retries may all arrive
-        if len(calls) > TIMED_OUT_ATTEMPTS:
-            report.fail(
-                "duplicate_callback",
-                "v1",
-                rollout_id,
-                f"{len(calls)} callbacks: one delivery that timed out makes at most "
-                f"{TIMED_OUT_ATTEMPTS} attempts",
-            )
-        return ["client_timeout"] * (min(len(calls), TIMED_OUT_ATTEMPTS) - 1)
-    return _excuse_repeats(report, nemesis, holders, window, key, rollout_id, calls)
+        allowed = 1
+    if len(calls) <= allowed:  # the record says the trainer may have received this many
+        return ["client_timeout"] * (len(calls) - 1)
+    # Beyond what the record allows, each repeat needs a crash of its own.
+    arrivals = sorted(calls, key=lambda c: c["at"])[: len(calls) - allowed + 1]
+    excused = _excuse_repeats(report, nemesis, holders, window, key, rollout_id, arrivals)
+    return ["client_timeout"] * (allowed - 1) + excused
 
 
 # One delivery's attempts when each times out: the first and the SDK's retries
 # (OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES, as the nemesis stage leaves it).
 TIMED_OUT_ATTEMPTS = 1 + RolloutClientSettings.model_fields["complete_rollout_retries"].default
+_DELIVERED_ON = re.compile(
+    r"delivered on attempt (\d+); the trainer may have received the \d+ before"
+)
+TIMED_OUT = "failed: the trainer did not answer in time (it may have received the callback)"
+# An execution that ended the rollout itself once its POST was on the wire (a fault, a stop).
+ENDED_ON_THE_WIRE = ", after its callback went out (the trainer may have it)"
+# Every deliverer stopped before recording the answer: each callback needs a crash.
+ENDED_BY_CRASHES = re.compile(
+    r"not delivered: \d+ (?:try|tries), each ended by its worker stopping"
+)
 
 
-def _may_have_received(delivery: str) -> bool:
-    """The record says the trainer may have received the callback more than once (every
-    attempt timed out, the SDK retrying): a documented repeat window of its own."""
-    return "may have received" in delivery
+def _attempts_the_record_allows(delivery: str) -> int | None:
+    """How many callbacks, without a crash, the record's delivery line says the trainer may
+    have received: the attempts of its one live delivery. ``None``: a line that says no
+    callback was accepted."""
+    if delivery == "delivered" or ENDED_BY_CRASHES.match(delivery):
+        return 1
+    if found := _DELIVERED_ON.fullmatch(delivery):
+        return int(found.group(1))
+    if delivery == TIMED_OUT or (
+        delivery.startswith("failed: ") and delivery.endswith(ENDED_ON_THE_WIRE)
+    ):
+        return TIMED_OUT_ATTEMPTS
+    return None
 
 
 def _excuse_repeats(

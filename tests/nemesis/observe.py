@@ -159,6 +159,8 @@ class Holders:
         delivering it at some time from ``before`` seconds before it to ``after`` after it
         (one stopped before its POST posts it after the takeover's)."""
         changes = self.seen.get(record, [])
+        if not changes:  # never seen held (it ran and ended between two samples)
+            return set()
         earlier = [held for held in changes if held.at <= at]
         later = [held for held in changes if at < held.at <= at + after]
         found = set(earlier[-1:]) | set(later[:1])

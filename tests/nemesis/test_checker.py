@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from rollout_core.store.schema import Keys
@@ -238,28 +239,51 @@ def test_a_final_poll_refused_or_not_terminal_is_a_contradicting_result() -> Non
     assert agreeing.found == []
 
 
-def test_a_timed_out_delivery_excuses_no_more_repeats_than_its_attempts() -> None:
-    """A record whose delivery says the trainer may have received it more than once excuses
-    the SDK's retries of that one delivery, not a storm of callbacks."""
+@pytest.mark.parametrize(
+    ("delivery", "allowed"),
+    [
+        ("delivered", 1),
+        ("delivered on attempt 2; the trainer may have received the 1 before", 2),
+        ("delivered on attempt 3; the trainer may have received the 2 before", 3),
+        ("failed: the trainer did not answer in time (it may have received the callback)", 3),
+        (
+            "failed: the worker stopped before the trainer answered, after its callback went "
+            "out (the trainer may have it)",
+            3,
+        ),
+        (
+            "not delivered: 1 try, each ended by its worker stopping (crashed or killed) "
+            "before the trainer's answer was recorded; the trainer may have received it",
+            1,
+        ),
+    ],
+)
+def test_a_delivery_line_excuses_no_more_callbacks_than_it_states(
+    delivery: str, allowed: int
+) -> None:
+    """A record's delivery line excuses the attempts of its one live delivery, no more: one
+    callback past them, with no crash, is a ``duplicate_callback`` (before: any line saying
+    "may have received" excused three, whatever it said and with no crash anywhere)."""
+    assert allowed <= TIMED_OUT_ATTEMPTS
     body = {"rollout_id": "r1", "status": "COMPLETED", "reward": 1.0}
     record = {
         "rollout_id": "r1",
         "status": "success",
         "admit_token": "k1",
         "result": json.dumps(body),
-        "delivery": "the trainer may have received it more than once: every attempt timed out",
+        "delivery": delivery,
     }
     holders = Holders.__new__(Holders)
-    for count, found in (
-        (TIMED_OUT_ATTEMPTS, []),
-        (TIMED_OUT_ATTEMPTS + 4, ["duplicate_callback"]),
-    ):
+    holders.seen = {}
+    nemesis = Nemesis.__new__(Nemesis)
+    nemesis.crashes = []
+    for count, found in ((allowed, []), (allowed + 1, ["duplicate_callback"])):
         calls = [
-            {"body": body, "headers": {"Idempotency-Key": "k1"}, "at": i} for i in range(count)
+            {"body": body, "headers": {"Idempotency-Key": "k1"}, "at": 50.0 * i}
+            for i in range(count)
         ]
         report = Report()
-        excused = _check_callbacks(
-            report, Nemesis.__new__(Nemesis), holders, Window(), "rf:v1:r1", record, calls
-        )
-        assert [v.kind for v in report.found] == found, report.found
-        assert excused == ["client_timeout"] * (TIMED_OUT_ATTEMPTS - 1)
+        excused = _check_callbacks(report, nemesis, holders, Window(), "rf:v1:r1", record, calls)
+        assert [v.kind for v in report.found] == found, (count, report.found)
+        if not found:
+            assert excused == ["client_timeout"] * (allowed - 1)

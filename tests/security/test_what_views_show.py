@@ -69,14 +69,26 @@ def test_hostile_ids_are_printed_as_data_by_the_cli(handle: FleetUnderTest) -> N
     assert "no rollout" in missing.stdout
 
 
-@pytest.mark.parametrize("userinfo", ["trainer:URLPASSWORD@", "URLPASSWORD@"])
+@pytest.mark.parametrize(
+    ("userinfo", "broken", "says"),
+    [
+        ("trainer:URLPASSWORD@", "", "server_url must not carry credentials"),
+        ("URLPASSWORD@", "", "server_url must not carry credentials"),
+        # A URL too broken to parse still carries its credentials into the 422's echo.
+        ("trainer:URLPASSWORD@", "[::1", "server_url"),
+        ("trainer:URLPASS@WORD@", "[", "server_url"),
+        ("trainer:URLPASSWORD@", "ftp:", "server_url must use http or https"),
+    ],
+)
 def test_a_trainer_url_with_credentials_is_refused_without_echoing_them(
-    handle: FleetUnderTest, userinfo: str
+    handle: FleetUnderTest, userinfo: str, broken: str, says: str
 ) -> None:
     rollout_id = new_id("cred")
-    url = handle.trainer.url.replace("http://", f"http://{userinfo}")
+    url = handle.trainer.url.replace("http://", f"http://{userinfo}") + broken
+    if broken == "ftp:":
+        url = url.replace("http://", "ftp://")
     response = handle.init(handle.body(rollout_id, server_url=url))
     assert response.status_code == 422, response.text
-    assert "server_url must not carry credentials" in response.text
-    assert "URLPASSWORD" not in response.text
+    assert says in response.text
+    assert "URLPASS" not in response.text
     assert not handle.record(rollout_id)

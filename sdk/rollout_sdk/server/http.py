@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -52,19 +53,39 @@ def _json_safe(value: Any) -> Any:
 
 
 _SECRET_FIELDS = frozenset({"api_key", "llm_api_key"})
+_URL_FIELDS = frozenset({"server_url", "chat_completions_url"})
+# "scheme://user:password@" (up to the last "@" before the path): the part a URL's echo drops.
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@")
 # A string input longer than this is not echoed (a 3 MB rollout id came back whole): the
 # message says what is wrong with it.
 ECHO_LIMIT = 1024
 
 
+def _without_credentials(url: Any) -> Any:
+    """A URL's echo without the user and password it may carry (a URL too broken to parse
+    still has them)."""
+    if not isinstance(url, str):
+        return url
+    return _USERINFO.sub(lambda m: f"{m.group(1) or ''}//***@", url)
+
+
+def _shown(field: str, value: Any) -> Any:
+    if field in _SECRET_FIELDS:
+        return "<redacted>"
+    return _without_credentials(value) if field in _URL_FIELDS else value
+
+
 def _without_secrets(error: dict[str, Any]) -> dict[str, Any]:
-    """A 422 names a bad key's field, never echoes a key (the input it shows may be the whole
-    body), nor a long string."""
+    """A 422 names a bad key's field, never echoes a key or a URL's credentials (the input it
+    shows may be the whole body), nor a long string."""
     long_text = isinstance(error.get("input"), str) and len(error["input"]) > ECHO_LIMIT
-    if long_text or _SECRET_FIELDS.intersection(str(part) for part in error.get("loc", ())):
+    loc = {str(part) for part in error.get("loc", ())}
+    if long_text or _SECRET_FIELDS.intersection(loc):
         return {name: value for name, value in error.items() if name not in ("input", "ctx")}
+    if _URL_FIELDS.intersection(loc):
+        return {**error, "input": _without_credentials(error.get("input"))}
     if isinstance(error.get("input"), dict):
-        shown = {k: "<redacted>" if k in _SECRET_FIELDS else v for k, v in error["input"].items()}
+        shown = {k: _shown(str(k), v) for k, v in error["input"].items()}
         return {**error, "input": shown}
     return error
 
