@@ -22,7 +22,7 @@ from celery.worker import WorkController
 from rollout_core import logs, tracing
 from rollout_core.queue.celery_app import app, settings
 from rollout_sdk.loader import AgentLoadError, load_agent
-from rollout_sdk.server.http import settle_heap
+from rollout_sdk.server.heap import settle_heap
 from rollout_worker import task_events
 from rollout_worker.runtime import WorkerRuntime
 

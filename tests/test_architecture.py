@@ -22,6 +22,8 @@ and no module of the store grows past a size one reads in a sitting.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -303,3 +305,16 @@ def test_the_store_checks_catch_what_they_forbid(tmp_path: Path) -> None:
         f"{sneaky}:8 names a script by 'expire_polling_lease'",
     ]
     assert calls_of([sneaky], methods_of(WORKER_ONLY)) == [f"{sneaky}:6 uses .claim"]
+
+
+def test_a_worker_imports_no_http_server_framework() -> None:
+    """A worker serves no HTTP (its /metrics is prometheus_client's own server): FastAPI and
+    Starlette cost every worker start about half a second of CPU for nothing."""
+    probe = (
+        "import sys, rollout_worker.celery_worker; "
+        "print(sorted({'fastapi', 'starlette', 'uvicorn'} & set(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
