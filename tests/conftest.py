@@ -36,6 +36,8 @@ TEST_ENV = {
 }
 
 _databases = itertools.count(1)
+# Every fleet ``start_fleet`` started, in order: a test's own are stopped when it ends.
+_started: list[FleetUnderTest] = []
 
 StartFleet = Callable[..., FleetUnderTest]
 
@@ -68,9 +70,9 @@ def start_fleet(
     mock_trainer: MockTrainGateClient,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[StartFleet]:
-    """Start a fleet (gateway + workers) on a fresh Redis database; stopped at session end
-    unless the caller closes it sooner."""
-    started: list[FleetUnderTest] = []
+    """Start a fleet (gateway + workers) on a fresh Redis database. One started by a test is
+    stopped when that test ends (:func:`_stop_the_tests_fleets`), one started by a module
+    fixture by that fixture; whatever is left, at session end."""
 
     def start(
         agent: str = SCRIPTED_AGENT,
@@ -91,12 +93,24 @@ def start_fleet(
             **options,
         )
         under_test = handle(fleet, mock_trainer)
-        started.append(under_test)
+        _started.append(under_test)
         fleet.start()
         return under_test
 
     yield start
-    for handle in started:
+    for handle in _started:
+        handle.close()
+
+
+@pytest.fixture(autouse=True)
+def _stop_the_tests_fleets() -> Iterator[None]:
+    """The fleets a test started itself stop when it ends: left idle until the session's end,
+    each kept its processes beating and polling, and by the suite's last hour hundreds of them
+    took most of the machine from the tests still running. (Module fixtures' fleets were set
+    up before this, so they are not the test's.)"""
+    before = len(_started)
+    yield
+    for handle in _started[before:]:
         handle.close()
 
 
