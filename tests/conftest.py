@@ -70,8 +70,8 @@ def start_fleet(
     mock_trainer: MockTrainGateClient,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[StartFleet]:
-    """Start a fleet (gateway + workers) on a fresh Redis database. One started by a test is
-    stopped when that test ends (:func:`_stop_the_tests_fleets`), one started by a module
+    """Start a fleet (gateway + workers) on a fresh Redis database. One started by a test's
+    body is stopped when that test ends (:func:`pytest_runtest_call`), one started by a
     fixture by that fixture; whatever is left, at session end."""
 
     def start(
@@ -102,16 +102,18 @@ def start_fleet(
         handle.close()
 
 
-@pytest.fixture(autouse=True)
-def _stop_the_tests_fleets() -> Iterator[None]:
-    """The fleets a test started itself stop when it ends: left idle until the session's end,
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """The fleets a test's body started stop when it ends: left idle until the session's end,
     each kept its processes beating and polling, and by the suite's last hour hundreds of them
-    took most of the machine from the tests still running. (Module fixtures' fleets were set
-    up before this, so they are not the test's.)"""
+    took most of the machine from the tests still running. (Fixtures' fleets, started while
+    the test is set up, are the fixtures' to stop.)"""
     before = len(_started)
-    yield
-    for handle in _started[before:]:
-        handle.close()
+    try:
+        yield
+    finally:
+        for handle in _started[before:]:
+            handle.close()
 
 
 def module_fleet(*args: Any, **options: Any) -> Any:
