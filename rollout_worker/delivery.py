@@ -50,6 +50,12 @@ class _LeaseLost(Exception):
     """Raised before a POST attempt goes out: another execution owns the rollout now."""
 
 
+# Delivery lines a record may end with that say the trainer may hold more than one callback
+# (the nemesis checker reads them to know how many repeats a record owns up to).
+TIMED_OUT = "failed: the trainer did not answer in time (it may have received the callback)"
+ENDED_ON_THE_WIRE = ", after its callback went out (the trainer may have it)"
+
+
 def delivery_failure(exc: Exception) -> str:
     """What the record says about a failed callback: the status or the kind of failure, never
     the receiver's answer (a foreign endpoint's body must not be stored or returned)."""
@@ -58,7 +64,7 @@ def delivery_failure(exc: Exception) -> str:
     if isinstance(exc, RefusedDestinationError):  # our own words, never the receiver's
         return f"failed: {exc}"
     if isinstance(exc, OsmosisTimeoutError):
-        return "failed: the trainer did not answer in time (it may have received the callback)"
+        return TIMED_OUT
     if isinstance(exc, OsmosisRolloutError):
         return "failed: the trainer could not be reached"
     # Not the trainer's doing: the same request would fail the same way every time.
@@ -243,6 +249,8 @@ class _Wire:
 
 __all__ = [
     "AGENT_ERROR",
+    "ENDED_ON_THE_WIRE",
+    "TIMED_OUT",
     "Callback",
     "CallbackDelivery",
     "delivery_failure",

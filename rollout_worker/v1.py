@@ -34,7 +34,12 @@ from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse
 from rollout_sdk.runner import error_response, run_agent_loop
-from rollout_worker.delivery import Callback, CallbackDelivery, terminal_status
+from rollout_worker.delivery import (
+    ENDED_ON_THE_WIRE,
+    Callback,
+    CallbackDelivery,
+    terminal_status,
+)
 from rollout_worker.execution import CANCELLED, Lease, Refusal, time_limit_message
 
 logger = logging.getLogger(__name__)
@@ -163,7 +168,7 @@ class V1Carrier:
         the stored result's status, not posted again."""
         stored = _stored_response(await lease.store.load(lease.key, RecordField.RESULT))
         status = Status.FAILURE if stored is None else terminal_status(stored)
-        delivery = f"failed: {message}, after its callback went out (the trainer may have it)"
+        delivery = f"failed: {message}{ENDED_ON_THE_WIRE}"
         advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
         return None if advanced is Advance.LOST else status
 

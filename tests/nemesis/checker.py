@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_sdk.config.settings import RolloutClientSettings
+from rollout_worker.delivery import ENDED_ON_THE_WIRE, TIMED_OUT
 from tests.chaos.harness import TERMINAL, Protocol
 from tests.nemesis.faults import LEASE, Crash, Nemesis
 from tests.nemesis.observe import Holders, PollingTrainer, poll_once
@@ -390,9 +391,6 @@ TIMED_OUT_ATTEMPTS = 1 + RolloutClientSettings.model_fields["complete_rollout_re
 _DELIVERED_ON = re.compile(
     r"delivered on attempt (\d+); the trainer may have received the \d+ before"
 )
-TIMED_OUT = "failed: the trainer did not answer in time (it may have received the callback)"
-# An execution that ended the rollout itself once its POST was on the wire (a fault, a stop).
-ENDED_ON_THE_WIRE = ", after its callback went out (the trainer may have it)"
 # Every deliverer stopped before recording the answer: each callback needs a crash.
 ENDED_BY_CRASHES = re.compile(
     r"not delivered: \d+ (?:try|tries), each ended by its worker stopping"
@@ -407,6 +405,7 @@ def _attempts_the_record_allows(delivery: str) -> int | None:
         return 1
     if found := _DELIVERED_ON.fullmatch(delivery):
         return int(found.group(1))
+    # Timed out, or ended by its own execution once its POST was on the wire (a fault, a stop).
     if delivery == TIMED_OUT or (
         delivery.startswith("failed: ") and delivery.endswith(ENDED_ON_THE_WIRE)
     ):
