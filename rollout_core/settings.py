@@ -173,7 +173,11 @@ class FleetSettings(BaseSettings):
         "below lease_seconds; default two thirds of it.",
     )
     max_attempts: int = Field(
-        5, ge=1, description="Executions of one rollout before it is failed as a crash loop."
+        5,
+        ge=1,
+        description="Crashes of a rollout's worker while it ran alone there before it is failed "
+        "as a crash loop (crashes beside other rollouts are forgiven, and a rollout forgiven "
+        "twice runs alone).",
     )
     visibility_timeout_seconds: int = Field(
         300,

@@ -11,6 +11,16 @@ another fleet shares the Redis database), so every claimed rollout ends.
 
 Words: a *worker* is one worker process (its name is unique in the fleet); an *execution* is
 one run of one rollout on it, and holds that rollout's lease.
+
+Crashes are attributed by running alone. A worker that dies takes every rollout it runs down
+with it, and only one of them may have caused it (an agent that calls ``os._exit`` or
+segfaults): so a crash counts against a rollout's ``ROLLOUT_FLEET_MAX_ATTEMPTS`` only if it ran
+alone on its worker (``_prelude.lua``, forgive_shared_crash). A rollout whose worker crashed
+twice while it ran beside others runs alone from then on: its worker lets the others end and
+takes no more until it is done (``rollout_worker/slots.py``). A worker with one slot runs
+everything alone. One crash of a busy worker (killed, out of memory, its machine lost) costs
+nobody an attempt and slows nobody down; an agent that kills every worker it runs on takes its
+neighbours down twice at most, then crashes alone until its attempts run out.
 """
 
 from __future__ import annotations
@@ -19,7 +29,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Container, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol as Interface
 
@@ -28,6 +39,7 @@ from rollout_core.protocols.sealed import UnreadableRecord
 from rollout_core.secrets import hiding
 from rollout_core.settings import FleetSettings
 from rollout_core.store import (
+    ALONE_AFTER_FORGIVEN,
     Advance,
     Claim,
     Protocol,
@@ -39,6 +51,7 @@ from rollout_core.store import (
     Verdict,
 )
 from rollout_worker import metrics
+from rollout_worker.slots import Slots
 from rollout_worker.trajectories import TrajectorySink
 
 logger = logging.getLogger(__name__)
@@ -69,10 +82,16 @@ class Refusal:
         if claim.verdict is Verdict.CANCELLED:
             return cls(claim.verdict, CANCELLED)
         if claim.verdict is Verdict.EXHAUSTED:
+            runs, forgiven = claim.attempt - 1, claim.record.forgiven
             message = (
-                f"rollout failed after {claim.attempt - 1} attempts: the worker running it "
-                "stopped (crashed or was killed) each time"
+                f"rollout failed after {runs} attempts: the worker running it stopped (crashed "
+                "or was killed) each time"
             )
+            if forgiven:
+                message += (
+                    f", {runs - forgiven} of them while it ran alone there ({forgiven} beside "
+                    "other rollouts were not counted)"
+                )
             return cls(claim.verdict, message)
         if claim.verdict is Verdict.ABANDONED:
             reason = claim.record.abandon_reason or "a worker gave the rollout up"
@@ -215,9 +234,11 @@ class Executor:
         carriers: Iterable[Carrier],
         speaks: Protocol,
         requeue_message: Callable[[RecordKey], str],
+        slots: Slots,
         sink: TrajectorySink | None = None,
     ) -> None:
         self.store = store
+        self._slots = slots
         self.worker = worker
         self._sink = sink
         self._settings = settings
@@ -254,6 +275,7 @@ class Executor:
             self._settings.lease_seconds,
             self._settings.max_attempts,
             task_id,
+            alone=self._slots.count == 1,
         )
         if not claim.acquired:
             logger.info("%s: not run (%s)", key, claim.verdict)
@@ -284,7 +306,8 @@ class Executor:
                 tracing.execution(claim.record, self.store.keys.record_id(key)),
                 hiding(carrier.secret(claim)),
             ):
-                status = await self._carry(carrier, claim, refusal, lease)
+                async with self._alone_if_suspect(claim, refusal, lease):
+                    status = await self._carry(carrier, claim, refusal, lease)
         finally:
             metrics.INFLIGHT.dec()
             del self._executions[execution]
@@ -294,6 +317,31 @@ class Executor:
         if self._sink is not None:
             await self._keep_trajectory(self._sink, key)
         return status.value
+
+    @asynccontextmanager
+    async def _alone_if_suspect(
+        self, claim: Claim, refusal: Refusal | None, lease: Lease
+    ) -> AsyncIterator[None]:
+        """Run a rollout forgiven :data:`ALONE_AFTER_FORGIVEN` crashes alone (see module)."""
+        if (
+            refusal is not None
+            or claim.verdict is not Verdict.RUNNING
+            or claim.record.forgiven < ALONE_AFTER_FORGIVEN
+            or claim.record.alone == lease.execution  # marked at the claim already
+        ):
+            yield
+            return
+        logger.warning(
+            "%s: its worker crashed %d times while it ran beside other rollouts; it runs alone "
+            "here, after the %d others end",
+            lease.key,
+            claim.record.forgiven,
+            len(self._executions) - 1,
+        )
+        async with self._slots.alone():
+            metrics.RUNS_ALONE.inc()
+            await self.store.mark_alone(lease.key, lease.execution)  # lost: the heartbeat says
+            yield
 
     @staticmethod
     async def _carry(

@@ -6,11 +6,11 @@ heartbeats and the task events Flower shows go through it — but it consumes no
 the hop from a pool thread to the loop for every task cost as much CPU as the rest of a
 no-op rollout (CHANGELOG.md, 0.1.0); here a message costs one ``BRPOP`` and a task.
 
-A message is taken only while one of the worker's ``slots`` is free, so a worker never
-holds more messages than it runs, and what it took starts at once: the claim follows in the
-same turn of the loop. A worker that dies in between loses the message; the lost-message
-check resends its rollout (``rollout_worker/sweeper.py``), as it did when Celery held taken
-messages in memory. A message whose task id was revoked (Flower's Revoke of a queued
+A message is taken only while one of the worker's slots is free (``rollout_worker/slots.py``),
+so a worker never holds more messages than it runs, and what it took starts at once: the claim
+follows in the same turn of the loop. A worker that dies in between loses the message; the
+lost-message check resends its rollout (``rollout_worker/sweeper.py``), as it did when Celery
+held taken messages in memory. A message whose task id was revoked (Flower's Revoke of a queued
 rollout) is not run: its rollout is cancelled, and a v1 trainer is told. A message whose
 record key is outside this fleet's prefix (another fleet shares the queue name, which
 start-up refuses once it knows: ``rollout_core/durability.py``) is put back untouched.
@@ -27,6 +27,7 @@ from rollout_core import logs
 from rollout_core.queue.envelope import NotARollout, QueuedMessage, read_taken
 from rollout_core.store import RecordKey, RecordStore, StoreError
 from rollout_worker.execution import Executor
+from rollout_worker.slots import Slots
 from rollout_worker.task_events import TaskEventOutbox
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class Intake:
         self,
         store: RecordStore,
         executor: Executor,
-        slots: int,
+        slots: Slots,
         events: TaskEventOutbox,
         revoked: Container[str],
         cancel_unstarted: Callable[[RecordKey], Awaitable[None]],
@@ -54,7 +55,7 @@ class Intake:
     ) -> None:
         self._store = store
         self._executor = executor
-        self._slots = asyncio.Semaphore(slots)
+        self._slots = slots
         self._events = events
         self._revoked = revoked  # Celery's revoked task ids (its control thread adds to it)
         self._cancel_unstarted = cancel_unstarted
@@ -81,9 +82,9 @@ class Intake:
 
     async def _take_and_start(self) -> None:
         while True:
-            await self._slots.acquire()
+            await self._slots.take()
             if self._stopping:  # stopped while it waited for a slot
-                self._slots.release()
+                self._slots.free()
                 return
             self._taking = True  # until a message taken is started or put back
             try:
@@ -93,12 +94,12 @@ class Intake:
                     await self._put_back_foreign(message, raw or "")
                     message = None
             except BaseException:
-                self._slots.release()
+                self._slots.free()
                 raise
             finally:
                 self._taking = False
             if message is None:
-                self._slots.release()
+                self._slots.free()
             else:
                 self._start(message)
 
@@ -173,7 +174,7 @@ class Intake:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         del self._runs[task]
-        self._slots.release()
+        self._slots.free()
 
     async def _run(self, key: RecordKey, message: QueuedMessage) -> None:
         """One message run: its task events around the executor's run (this task is the

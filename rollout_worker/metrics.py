@@ -76,6 +76,11 @@ CALLBACKS = Counter(
     "v1 completion callbacks by outcome (delivered, or failed after every retry)",
     ["outcome"],
 )
+RUNS_ALONE = Counter(
+    "rollout_fleet_runs_alone",
+    "Rollouts run with no other rollout beside them on their worker: their worker crashed "
+    "twice while they ran beside others, and a third crash must be theirs to count",
+)
 REQUEUES = Counter(
     "rollout_fleet_requeues",
     "Rollouts put back on the queue: lease_lapsed (their worker died), unstarted (taken, never "
@@ -142,6 +147,7 @@ __all__ = [
     "POLLING_LEASE_EXPIRIES",
     "QUEUE_WAIT",
     "REQUEUES",
+    "RUNS_ALONE",
     "TRAINGATE_CALLS",
     "TRAINGATE_LATENCY",
     "TRAINGATE_RETRIES",

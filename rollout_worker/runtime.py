@@ -47,6 +47,7 @@ from rollout_worker.execution import Carrier, Executor
 from rollout_worker.intake import TAKE_WAIT_SECONDS, Intake
 from rollout_worker.loop import LoopThread
 from rollout_worker.sandboxes import SandboxJanitor
+from rollout_worker.slots import Slots
 from rollout_worker.sweeper import Sweeper
 from rollout_worker.task_events import OUTBOX
 from rollout_worker.trajectories import TrajectorySink
@@ -169,11 +170,12 @@ class _OnLoop:
         sink = None
         if settings.trajectory_dir:
             sink = TrajectorySink(store, Path(settings.trajectory_dir), worker.replace(":", "-"))
-        executor = Executor(store, worker, settings, carriers, speaks, requeue_message, sink)
+        slots = Slots(concurrency)
+        executor = Executor(store, worker, settings, carriers, speaks, requeue_message, slots, sink)
         intake = Intake(
             store,
             executor,
-            concurrency,
+            slots,
             OUTBOX,
             worker_state.revoked,
             cancel_unstarted,

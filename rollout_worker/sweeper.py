@@ -65,6 +65,7 @@ class Sweeper:
         self._inflight_ttl = settings.inflight_ttl_seconds
         self._retention = settings.result_retention_seconds
         self._lease_seconds = settings.lease_seconds
+        self._max_attempts = settings.max_attempts
         self._sweep_interval = settings.sweep_interval_seconds
         self._unstarted_after = 2 * settings.lease_seconds
         self._lost_check_every = 2 * settings.lease_seconds
@@ -95,7 +96,7 @@ class Sweeper:
             return 0  # holders first get a lease to renew (see module)
         requeued = 0
         for key in lapsed:
-            if await self._store.requeue(key, self._requeue_message(key)):
+            if await self._store.requeue(key, self._requeue_message(key), self._max_attempts):
                 requeued += self._requeued("lease_lapsed", key)
         return requeued
 

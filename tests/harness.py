@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,6 +53,26 @@ def agent_failing_in_the_gateway(folder: Path) -> Path:
         "    raise RuntimeError('this agent does not load in the gateway')\n"
     )
     return agent
+
+
+@contextlib.contextmanager
+def supervised(fleet: LocalFleet, every: float = 0.2) -> Iterator[list[str]]:
+    """What a supervisor (compose's restart policy) does, in a thread while the block runs:
+    start dead workers again. Yields the names restarted, in order."""
+    restarted: list[str] = []
+    done = threading.Event()
+
+    def supervise() -> None:
+        while not done.wait(every):
+            restarted.extend(fleet.restart_dead_workers())
+
+    supervisor = threading.Thread(target=supervise, daemon=True)
+    supervisor.start()
+    try:
+        yield restarted
+    finally:
+        done.set()
+        supervisor.join()
 
 
 def new_id(prefix: str = "r") -> str:

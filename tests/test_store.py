@@ -171,8 +171,8 @@ async def test_a_lapsed_lease_is_requeued_once_and_taken_over(
     assert await store.lapsed_leases(10) == []
     await asyncio.sleep(LEASE + 0.05)
     assert await store.lapsed_leases(10) == [key]
-    assert await store.requeue(key, "AGAIN")
-    assert not await store.requeue(key, "AGAIN")  # a second sweeper finds nothing to do
+    assert await store.requeue(key, "AGAIN", 5)
+    assert not await store.requeue(key, "AGAIN", 5)  # a second sweeper finds nothing to do
     assert await redis.lrange("q", 0, -1) == ["AGAIN"]
     assert (await store.load(key)).status is Status.QUEUED
     second = await store.claim(key, "w2", "w2", LEASE, 5)
@@ -199,7 +199,7 @@ async def test_a_reclaim_by_the_same_worker_is_a_new_lease(store: RecordStore) -
     key = await admitted(store)
     await store.claim(key, "w1:a", "w1", LEASE, 5)
     await asyncio.sleep(LEASE + 0.05)
-    assert await store.requeue(key, "AGAIN")
+    assert await store.requeue(key, "AGAIN", 5)
     await store.claim(key, "w1:b", "w1", LEASE, 5)
     assert (await store.load(key)).worker == "w1"
     assert await store.renew({"w1:a": key, "w1:b": key}, LEASE, 60) == (["w1:a"], [])
@@ -216,7 +216,7 @@ async def test_a_lapsed_delivery_resumes_as_delivery(store: RecordStore) -> None
     await store.claim(key, "w1", "w1", LEASE, 5)
     await store.advance(key, "w1", Status.DELIVERING, result="R")
     await asyncio.sleep(LEASE + 0.05)
-    assert await store.requeue(key, "AGAIN")
+    assert await store.requeue(key, "AGAIN", 5)
     resumed = await store.claim(key, "w2", "w2", LEASE, 5)
     assert resumed.verdict is Verdict.DELIVERING
     assert resumed.record.result == "R"
@@ -225,10 +225,49 @@ async def test_a_lapsed_delivery_resumes_as_delivery(store: RecordStore) -> None
 async def test_too_many_attempts_is_exhausted(store: RecordStore) -> None:
     key = await admitted(store)
     for attempt in range(1, 3):
-        claim = await store.claim(key, f"w{attempt}", f"w{attempt}", 0.001, 2)
+        claim = await store.claim(key, f"w{attempt}", f"w{attempt}", 0.001, 2, alone=True)
         assert claim.verdict is Verdict.RUNNING
         await asyncio.sleep(0.01)
     assert (await store.claim(key, "w3", "w3", LEASE, 2)).verdict is Verdict.EXHAUSTED
+
+
+@pytest.mark.parametrize("takeover", ["claim", "requeue"])
+async def test_a_crash_counts_only_against_a_rollout_that_ran_alone(
+    store: RecordStore, takeover: str
+) -> None:
+    """A crash of a worker running other rollouts too may have been theirs: it is forgiven
+    (not counted against max_attempts), at most max_attempts + 2 times; a crash of an execution
+    that ran alone (marked at the claim or afterwards) counts. Both takeovers agree: a claim of
+    the lapsed lease, and the sweeper's requeue."""
+    key = await admitted(store)
+
+    async def crash_of(execution: str, *, alone: bool = False, mark: bool = False) -> Verdict:
+        claim = await store.claim(key, execution, execution, LEASE, 2, alone=alone)
+        if mark:
+            assert await store.mark_alone(key, execution)
+        await asyncio.sleep(LEASE + 0.05)
+        if takeover == "requeue":
+            assert await store.requeue(key, "AGAIN", 2)
+        return claim.verdict
+
+    # Shared crashes: forgiven four times (max_attempts + 2), the fifth counts.
+    assert [await crash_of(f"s{n}") for n in range(5)] == [Verdict.RUNNING] * 5
+    record = await store.load(key)
+    assert (record.attempt, record.forgiven) == (5, 4)
+    # One counted so far (the fifth shared crash): one more alone, then it is exhausted.
+    assert await crash_of("a1", mark=True) is Verdict.RUNNING
+    assert (await store.load(key)).alone == "a1"
+    last = await store.claim(key, "a2", "a2", LEASE, 2, alone=True)
+    assert (last.verdict, last.attempt, last.record.forgiven) == (Verdict.EXHAUSTED, 7, 4)
+
+
+async def test_a_crash_alone_counts_and_marking_needs_the_lease(store: RecordStore) -> None:
+    key = await admitted(store)
+    await store.claim(key, "a1", "a1", LEASE, 1, alone=True)
+    await asyncio.sleep(LEASE + 0.05)
+    assert not await store.mark_alone(key, "someone-else")
+    assert (await store.claim(key, "a2", "a2", LEASE, 1)).verdict is Verdict.EXHAUSTED
+    assert (await store.load(key)).forgiven == 0
 
 
 async def test_unknown_records_are_missing(store: RecordStore) -> None:
@@ -569,7 +608,7 @@ async def test_a_lapsed_delivery_is_delivered_never_exhausted(store: RecordStore
     await store.claim(key, "w1", "w1", LEASE, 1)
     await store.advance(key, "w1", Status.DELIVERING, result="COMPLETED")
     await asyncio.sleep(LEASE + 0.05)
-    assert await store.requeue(key, "AGAIN")
+    assert await store.requeue(key, "AGAIN", 5)
     again = await store.claim(key, "w2", "w2", LEASE, 1)
     assert (again.verdict, again.attempt, again.record.result) == (
         Verdict.DELIVERING,
@@ -596,7 +635,7 @@ async def test_a_full_redis_requeues_nothing_and_counts_as_trouble(
     await redis.config_set("maxmemory", "1")
     try:
         with pytest.raises(StoreFull):
-            await store.requeue(key, "AGAIN")
+            await store.requeue(key, "AGAIN", 5)
         assert store.seconds_since_trouble() < 1
     finally:
         await redis.config_set("maxmemory", "0")
@@ -604,7 +643,7 @@ async def test_a_full_redis_requeues_nothing_and_counts_as_trouble(
     assert await redis.hget(key, RecordField.EXECUTION) == "w1"
     assert await redis.zscore(store.keys.leases, key) is not None
     assert await redis.llen("q") == queued
-    assert await store.requeue(key, "AGAIN")  # with room again, the sweeper's to decide
+    assert await store.requeue(key, "AGAIN", 5)  # with room again, the sweeper's to decide
 
 
 async def test_a_delivery_that_keeps_failing_runs_out_of_its_own_attempts(
@@ -619,7 +658,7 @@ async def test_a_delivery_that_keeps_failing_runs_out_of_its_own_attempts(
     verdicts = []
     for n in range(3):
         await asyncio.sleep(LEASE + 0.05)
-        assert await store.requeue(key, "AGAIN")
+        assert await store.requeue(key, "AGAIN", 5)
         claim = await store.claim(key, f"w{n + 2}", f"w{n + 2}", LEASE, 2)
         verdicts.append((claim.verdict, claim.record.deliveries, claim.record.result))
     assert verdicts == [

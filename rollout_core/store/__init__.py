@@ -24,6 +24,7 @@ from rollout_core.store.replies import (
     WorkerBeat,
 )
 from rollout_core.store.schema import (
+    ALONE_AFTER_FORGIVEN,
     LEASED,
     PROTOCOLS,
     TERMINAL,
@@ -44,6 +45,7 @@ from rollout_core.store.schema import (
 from rollout_core.store.store import RecordStore
 
 __all__ = [
+    "ALONE_AFTER_FORGIVEN",
     "LEASED",
     "PROTOCOLS",
     "TERMINAL",

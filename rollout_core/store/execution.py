@@ -40,11 +40,26 @@ class Execution(StoreBase):
         lease_seconds: float,
         max_attempts: int,
         task_id: str = "",
+        *,
+        alone: bool = False,
     ) -> Claim:
         """Take the rollout under a lease held by ``execution`` (one run of it) of ``worker``,
-        its message that of Celery task ``task_id``."""
-        args: list[Arg] = [execution, worker, ms(lease_seconds), max_attempts, task_id]
+        its message that of Celery task ``task_id``; ``alone``: the worker runs nothing else
+        beside it (a crash of this execution counts against its attempts)."""
+        args: list[Arg] = [
+            execution,
+            worker,
+            ms(lease_seconds),
+            max_attempts,
+            task_id,
+            "1" if alone else "",
+        ]
         return replies.claim(await self._run(Script.CLAIM, [key], args))
+
+    async def mark_alone(self, key: RecordKey, execution: str) -> bool:
+        """``execution`` runs the rollout with no other rollout on its worker from now on, so
+        a crash of it counts against the rollout's attempts; False if its lease is lost."""
+        return replies.flag(await self._run(Script.ALONE, [key], [execution]))
 
     async def renew(
         self, leases: Mapping[str, RecordKey], lease_seconds: float, inflight_ttl_seconds: float

@@ -28,6 +28,8 @@ class RolloutRecord:
     result: str | None = None
     lease_digest: str | None = None
     attempt: int = 0
+    forgiven: int = 0  # crashes not counted: its worker ran other rollouts too
+    alone: str | None = None  # the execution that ran it alone on its worker, if any
     deliveries: int = 0  # v1: claims of its stored result, to deliver it
     accepted_at: int | None = None
     started_at: int | None = None
@@ -58,6 +60,8 @@ class RolloutRecord:
             result=get(RecordField.RESULT),
             lease_digest=get(RecordField.LEASE_DIGEST),
             attempt=int(get(RecordField.ATTEMPT) or 0),
+            forgiven=int(get(RecordField.FORGIVEN) or 0),
+            alone=get(RecordField.ALONE) or None,
             deliveries=int(get(RecordField.DELIVERIES) or 0),
             accepted_at=_int(get(RecordField.ACCEPTED_AT)),
             started_at=_int(get(RecordField.STARTED_AT)),

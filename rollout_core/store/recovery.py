@@ -46,8 +46,11 @@ class Recovery(StoreBase):
         info = await self._redis.info("server")
         return float(info["uptime_in_seconds"])
 
-    async def requeue(self, key: RecordKey, message: str) -> bool:
-        return replies.flag(await self._run(Script.REQUEUE, [key, self.queue], [message]))
+    async def requeue(self, key: RecordKey, message: str, max_attempts: int) -> bool:
+        """Put a rollout whose lease lapsed back on the queue (``message``); a crash of its
+        run counts against ``max_attempts`` as the claim's takeover does."""
+        args: list[Arg] = [message, max_attempts]
+        return replies.flag(await self._run(Script.REQUEUE, [key, self.queue], args))
 
     async def stale_taken_messages(
         self, taken_before: float, page: int

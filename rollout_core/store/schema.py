@@ -113,6 +113,10 @@ class RecordField(StrEnum):
     CLAIMED_AT = "claimed_at"  # the latest claim
     FINISHED_AT = "finished_at"
     ATTEMPT = "attempt"  # executions started (hand-backs excepted)
+    # Crashes not counted against its attempts: its worker ran other rollouts too, so the crash
+    # may have been theirs (``_prelude.lua``, forgive_shared_crash).
+    FORGIVEN = "forgiven"
+    ALONE = "alone"  # the execution that ran it with no other rollout on its worker
     DELIVERIES = "deliveries"  # v1: claims of its stored result, to deliver (its own budget)
     # Times a stopping worker handed it back. The stored name predates "hand back"; records
     # of a fleet upgraded in place keep their count under it, so it stays.
@@ -151,6 +155,12 @@ class ClockField(StrEnum):
 POLLING_CLOCK_TICK_SECONDS = 1.0
 POLLING_CLOCK_GAP_SECONDS = 3.0
 POLLING_CLOCK_RESOLUTION_SECONDS = 0.5  # a tick younger than this is not written again
+
+# A crash of a worker running other rollouts too is not counted against a rollout's attempts
+# (``forgive_shared_crash`` in ``_prelude.lua``); one forgiven this many times runs alone from
+# then on (``rollout_worker/execution.py``). Forgiveness is bounded too: max_attempts + this
+# (a rollout waiting for its turn to run alone can die with one that runs alone).
+ALONE_AFTER_FORGIVEN = 2
 
 
 # --- what the scripts answer ------------------------------------------------------------------
@@ -372,6 +382,7 @@ def lua_prelude(keys: Keys) -> str:
     lines += [f"local {name} = {_lua_string(key)}" for name, key in keys.lua_names().items()]
     lines.append(f"local CHANGE_SEPARATOR = {_lua_string(CHANGE_SEPARATOR)}")
     lines.append(f"local POLLING_CLOCK_GAP_MS = {int(POLLING_CLOCK_GAP_SECONDS * 1000)}")
+    lines.append(f"local ALONE_AFTER_FORGIVEN = {ALONE_AFTER_FORGIVEN}")
     resolution = int(POLLING_CLOCK_RESOLUTION_SECONDS * 1000)
     lines.append(f"local POLLING_CLOCK_RESOLUTION_MS = {resolution}")
     for table, enum in LUA_VOCABULARY.items():
@@ -383,6 +394,7 @@ def lua_prelude(keys: Keys) -> str:
 
 
 __all__ = [
+    "ALONE_AFTER_FORGIVEN",
     "CHANGE_SEPARATOR",
     "LEASED",
     "LUA_SETS",

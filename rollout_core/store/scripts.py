@@ -22,6 +22,7 @@ class Script(StrEnum):
     ADMIT_V2_CONFIRMED = "admit_v2_confirmed"
     ADMIT_WITHDRAW = "admit_withdraw"
     ADVANCE = "advance"
+    ALONE = "alone"
     CANCEL = "cancel"
     CLAIM = "claim"
     CONFIRM = "confirm"

@@ -11,6 +11,7 @@ complete):
     {"log": "event"}            ctx.log_event("event", step=i)
     {"echo_request": true}      append the request (minus api_key) as an assistant message
     {"raise": "message"}        raise RuntimeError(message)
+    {"exit": code}              os._exit(code): the agent kills its worker process
     {"error": "message"}        return ctx.error(message, final_messages=history)
     {"complete": {...kwargs}}   return ctx.complete(history, **kwargs)
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -95,6 +97,8 @@ class ScriptedAgent(RolloutAgentLoop):
                 history.append({"role": "assistant", "content": json.dumps(echo)})
             elif action == "raise":
                 raise RuntimeError(argument)
+            elif action == "exit":
+                os._exit(argument)
             elif action == "error":
                 return ctx.error(argument, final_messages=history)
             elif action == "complete":

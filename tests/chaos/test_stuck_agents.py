@@ -6,11 +6,11 @@ that never return. Every other rollout completes: nobody is starved."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from tests.chaos.conftest import StartChaos
 from tests.chaos.harness import Trainer, audit, chaos_bodies, record_figures
+from tests.harness import supervised
 
 ROLLOUTS = 200
 BLOCKING = (30, 120)
@@ -45,19 +45,9 @@ def test_blocking_and_never_returning_agents_starve_nobody(start_chaos: StartCha
     bodies = chaos_bodies(chaos.protocol, chaos.trainer.url, ROLLOUTS, seconds=(0.5, 3))
     blocking = [misbehave(bodies[i], {"block": 3600}) for i in BLOCKING]
     never_returning = [misbehave(bodies[i], {"sleep": 3600}) for i in NEVER_RETURNING]
-    restarted: list[str] = []
-    done = threading.Event()
-
-    def supervise() -> None:
-        while not done.wait(0.2):
-            restarted.extend(chaos.fleet.restart_dead_workers())
-
-    supervisor = threading.Thread(target=supervise, daemon=True)
-    supervisor.start()
-    trainer = Trainer(chaos.protocol, chaos.fleet.gateway_urls, bodies).start()
-    outcome = audit(chaos, trainer, timeout=180)
-    done.set()
-    supervisor.join()
+    with supervised(chaos.fleet) as restarted:
+        trainer = Trainer(chaos.protocol, chaos.fleet.gateway_urls, bodies).start()
+        outcome = audit(chaos, trainer, timeout=180)
 
     assert outcome.completed == ROLLOUTS - len(blocking) - len(never_returning)
     assert len(restarted) == len(blocking)  # the culprit is failed, not run again elsewhere

@@ -100,3 +100,19 @@ local function terminate(record, status, result, ttl_ms, fields, terminations)
   end
   publish_change(record, status)
 end
+-- Its worker stopped renewing the rollout's lease while running it (crashed, killed, frozen):
+-- the crash counts against its attempts only if it ran alone there (FIELD.alone names that
+-- execution). Otherwise the crash may have been another rollout's (an agent that kills its
+-- worker takes every rollout on it down), and it is forgiven - at most max_attempts +
+-- ALONE_AFTER_FORGIVEN times, so a rollout's runs stay bounded. Workers run a rollout forgiven
+-- ALONE_AFTER_FORGIVEN times alone (rollout_worker/execution.py).
+local function forgive_shared_crash(record, max_attempts)
+  local fields = redis.call('HMGET', record, FIELD.execution, FIELD.alone, FIELD.forgiven)
+  local forgiven = tonumber(fields[3] or 0)
+  local most = tonumber(max_attempts) + ALONE_AFTER_FORGIVEN
+  if fields[1] and fields[1] ~= fields[2] and forgiven < most then
+    redis.call('HINCRBY', record, FIELD.forgiven, 1)
+    return forgiven + 1
+  end
+  return forgiven
+end

@@ -1,8 +1,11 @@
 -- A worker takes a rollout: only if it is queued, or its previous holder's lease lapsed.
 -- A repeat of this same claim (its first reply was lost, the client ran it again) answers
 -- as the first did, without counting another attempt.
+-- A takeover of a lapsed lease (its worker crashed running it) counts only as
+-- forgive_shared_crash (_prelude.lua) says; max_attempts bounds the attempts counted.
 -- KEYS: record   ARGV: execution (this execution's lease), worker (its process), lease_ms,
---                      max_attempts, task (the Celery task id of the message)
+--                      max_attempts, task (the Celery task id of the message),
+--                      alone ('1': the worker runs nothing else beside it)
 -- -> {VERDICT.missing} | {VERDICT.done} | {VERDICT.busy}
 --    | {verdict, attempt, ms_since_accepted, field, value, ...}
 --    verdict: VERDICT.running (run it), VERDICT.delivering (a stored result awaits delivery),
@@ -37,8 +40,12 @@ local attempt = tonumber(record[FIELD.attempt] or 0)
 -- A stored result has a budget of its own: a rollout whose runs used up its attempts is
 -- still delivered, and one whose deliveries keep failing still ends.
 local deliveries = tonumber(record[FIELD.deliveries] or 0)
+local forgiven = tonumber(record[FIELD.forgiven] or 0)
 local reply = {}
 if not repeated then
+  if status == STATUS.running or status == STATUS.grading then
+    forgiven = forgive_shared_crash(KEYS[1], ARGV[4])
+  end
   attempt = attempt + 1
   if phase == STATUS.delivering then
     deliveries = deliveries + 1
@@ -46,7 +53,11 @@ if not repeated then
   -- The reply lists these after the fields read: a reader of the pairs keeps the last value.
   reply = {FIELD.status, phase, FIELD.execution, ARGV[1], FIELD.worker, ARGV[2],
            FIELD.claimed_at, now, FIELD.task, ARGV[5], FIELD.attempt, attempt,
-           FIELD.started_at, record[FIELD.started_at] or now, FIELD.deliveries, deliveries}
+           FIELD.started_at, record[FIELD.started_at] or now, FIELD.deliveries, deliveries,
+           FIELD.forgiven, forgiven}
+  if ARGV[6] == '1' then
+    reply[#reply + 1], reply[#reply + 2] = FIELD.alone, ARGV[1]
+  end
   redis.call('HSET', KEYS[1], unpack(reply))
   redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
   if status ~= phase then
@@ -66,7 +77,7 @@ elseif record[FIELD.cancel_requested] then
   verdict = VERDICT.cancelled
 elseif record[FIELD.abandon_reason] then
   verdict = VERDICT.abandoned
-elseif attempt > tonumber(ARGV[4]) then
+elseif attempt - forgiven > tonumber(ARGV[4]) then
   verdict = VERDICT.exhausted
 end
 local answer = {verdict, attempt, now - tonumber(record[FIELD.accepted_at] or now)}

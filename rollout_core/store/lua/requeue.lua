@@ -1,5 +1,6 @@
 -- Hand a rollout whose lease lapsed back to the front of the queue, unless someone renewed it.
--- KEYS: record, queue   ARGV: message
+-- A rollout it was running (not delivering) crashed with its worker: forgive_shared_crash.
+-- KEYS: record, queue   ARGV: message, max_attempts
 -- -> 1 requeued, 0 nothing to do
 -- Its first write is the RPUSH: Redis refuses it at maxmemory, and with it the whole script. A
 -- first write Redis allows when full (ZREM frees memory) would let every write after it through:
@@ -16,6 +17,7 @@ end
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('ZREM', LEASES, KEYS[1])
 if rerun then
+  forgive_shared_crash(KEYS[1], ARGV[2])
   redis.call('HSET', KEYS[1], FIELD.status, STATUS.queued)
   publish_change(KEYS[1], STATUS.queued)
 end
