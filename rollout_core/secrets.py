@@ -44,13 +44,20 @@ KEYS_DIFFER = (
     "same ROLLOUT_FLEET_SECRET_KEY on gateways and workers (while rotating, NEW,OLD on both)"
 )
 
+GATEWAY_KEY_DIFFERS = (
+    "refusing to start: this gateway's ROLLOUT_FLEET_SECRET_KEY does not open the key canary "
+    "{key} that this fleet's {workers} live workers opened, so they could run none of the "
+    "rollouts it admits: set the same ROLLOUT_FLEET_SECRET_KEY on gateways and workers (while "
+    "rotating, NEW,OLD on both)"
+)
+
 
 class SecretUnreadable(ValueError):
     """A sealed secret none of this process's keys opens."""
 
 
 class KeysDiffer(StartRefused):
-    """This worker cannot open the key canary the fleet's gateways sealed."""
+    """This process cannot open the key canary the rest of the fleet holds."""
 
 
 class SecretBox:
@@ -116,15 +123,22 @@ async def load_secret_box(
 
 async def keep_key_canary(store: RecordStore, box: SecretBox) -> None:
     """A gateway starting: make the key canary one this gateway sealed with its sealing key,
-    unless it already is. A canary it cannot open at all is replaced (logged): what gateways
-    seal is what workers must open."""
+    unless it already is. A canary it cannot open at all is another key's: while workers that
+    opened it live, this gateway refuses to start (:class:`KeysDiffer`), since they could open
+    nothing it admits; with none live, the fleet is starting over on a new key, and the canary
+    is replaced (logged): what gateways seal is what workers must open."""
     sealed = await store.read_key_canary()
     if sealed is not None and box.opens_canary(sealed, sealer_only=True):
         return
     if sealed is not None and not box.opens_canary(sealed):
+        live = (await store.live_workers()).count
+        if live:
+            key = store.keys.key_canary
+            raise KeysDiffer(GATEWAY_KEY_DIFFERS.format(key=key, workers=live))
         logger.warning(
             "the key canary %s was sealed with a ROLLOUT_FLEET_SECRET_KEY this gateway does "
-            "not have: replaced with this gateway's; workers without its key refuse to start",
+            "not have, and no worker is live: replaced with this gateway's; workers without "
+            "its key refuse to start",
             store.keys.key_canary,
         )
     try:
@@ -217,6 +231,7 @@ class HiddenSecretsFilter(logging.Filter):
 
 __all__ = [
     "CANARY",
+    "GATEWAY_KEY_DIFFERS",
     "REDACTED",
     "HiddenSecretsFilter",
     "KeysDiffer",

@@ -8,7 +8,8 @@ valid request, or cut short) or damages the stored tools the worker hands the ag
 worker faults carrying it). Each ends once, with one ERROR callback to its trainer saying why
 and carrying no ``Authorization`` header (the key is what may not be readable); before, such
 a rollout failed without a word to its trainer. A worker given another
-``ROLLOUT_FLEET_SECRET_KEY`` than the gateway's refuses to start, in one line.
+``ROLLOUT_FLEET_SECRET_KEY`` than the gateway's refuses to start, in one line; so does a
+gateway given another key than the live workers hold.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any
 
 from cryptography.fernet import Fernet
 
-from rollout_core.secrets import KEYS_DIFFER
+from rollout_core.secrets import GATEWAY_KEY_DIFFERS, KEYS_DIFFER
 from rollout_fleet.local import fleet_command
+from rollout_fleet.processes import free_port, wait_until
 from tests.conftest import StartFleet
-from tests.harness import FleetUnderTest, assert_one_line, new_id, run_process
+from tests.harness import FleetUnderTest, admit_v1, assert_one_line, new_id, run_process
 
 SECRET_ENV = "ROLLOUT_FLEET_SECRET_KEY"
 TRAINER_KEY = "sk-trainer-unreadable"
@@ -125,3 +127,46 @@ def test_a_worker_with_another_secret_key_than_the_gateways_refuses_to_start(
     assert_one_line(result, refusal)
     assert env[SECRET_ENV] not in result.stdout + result.stderr
     assert handle.record(rollout_id)["status"] == "queued"  # untouched: it waits for a worker
+
+
+def test_a_gateway_with_another_key_than_the_live_workers_refuses_to_start(
+    start_fleet: StartFleet,
+) -> None:
+    """Workers that opened the key canary are live: a gateway given another key would admit
+    rollouts none of them can read, and would replace the canary so that they refuse to start
+    again. It refuses, in one line naming the fix; the canary stays, and the fleet runs on."""
+    handle = start_fleet(workers=1)
+    canary = handle.redis.get(handle.keys.key_canary)
+    env = {**handle.fleet.process_env(), SECRET_ENV: Fernet.generate_key().decode()}
+    argv = fleet_command("gateway", "--host", "127.0.0.1", "--port", str(free_port()))
+    result = run_process(argv, env)
+    assert_one_line(result, GATEWAY_KEY_DIFFERS.format(key=handle.keys.key_canary, workers=1))
+    assert env[SECRET_ENV] not in result.stdout + result.stderr
+    assert handle.redis.get(handle.keys.key_canary) == canary
+    rollout_id = new_id("still")
+    admit_v1(handle, rollout_id, api_key=TRAINER_KEY)
+    (callback,) = handle.wait_delivered([rollout_id])[rollout_id]
+    assert callback["status"] == "COMPLETED"
+
+
+def test_with_no_worker_live_a_gateway_on_a_new_key_starts_the_fleet_over(
+    start_fleet: StartFleet,
+) -> None:
+    """No worker is live (a fleet restarted whole on a new key, such as a second
+    ``rollout-fleet up`` on the same Redis): the gateway replaces the canary, saying so, and
+    workers on the new key start and run its rollouts."""
+    handle = start_fleet(workers=0)
+    canary = handle.redis.get(handle.keys.key_canary)
+    handle.fleet.processes["gateway"].stop()
+    env = {**handle.fleet.process_env(), SECRET_ENV: Fernet.generate_key().decode()}
+    handle.fleet.start_gateway(env)
+    wait_until(
+        lambda: handle.redis.get(handle.keys.key_canary) not in (None, canary), 60, "a new canary"
+    )
+    handle.fleet.start_worker(1, env)
+    rollout_id = new_id("over")
+    wait_until(lambda: handle.fleet.readiness().workers == 1, 60, "the worker")
+    admit_v1(handle, rollout_id, api_key=TRAINER_KEY)
+    (callback,) = handle.wait_delivered([rollout_id])[rollout_id]
+    assert callback["status"] == "COMPLETED"
+    assert "no worker is live: replaced with this gateway's" in handle.logs(tail=100_000)
