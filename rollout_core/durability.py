@@ -27,6 +27,7 @@ import logging
 
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore, StoreReplyError, StoreUnavailable
+from rollout_core.store.schema import RESERVED_NAMES, RESERVED_PREFIXES
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,9 @@ async def queue_conflict(store: RecordStore) -> str | None:
     the fix; None if both agree (registering them if nobody has). A Redis whose ACL forbids
     the registration keys cannot tell: None, with a warning."""
     try:
+        clash = await queue_name_clash(store)
+        if clash is not None:
+            return clash
         owner, queue = await store.own_queue()
     except StoreReplyError as exc:
         logger.warning("cannot register the queue's key prefix in Redis (%s): not checked", exc)
@@ -127,6 +131,33 @@ async def queue_conflict(store: RecordStore) -> str | None:
         "each fleet its own ROLLOUT_FLEET_QUEUE (or the same ROLLOUT_FLEET_KEY_PREFIX if they "
         f"are one fleet); if that fleet is gone, delete the Redis key {store.queue_owner_key}"
     )
+
+
+async def queue_name_clash(store: RecordStore) -> str | None:
+    """Why this fleet's queue name is a key that holds other data, with the fix: Celery's,
+    the fleet's own registry, or any fleet's key space (a script meeting a list where it
+    keeps a sorted set fails halfway); None if it is not."""
+    queue, prefix = store.queue, store.keys.prefix
+    pick = "Pick a ROLLOUT_FLEET_QUEUE outside every fleet's key prefix"
+    if queue in RESERVED_NAMES or queue.startswith(RESERVED_PREFIXES):
+        return (
+            f"the queue name {queue!r} is a key Celery or the fleet keeps other data under "
+            f"({', '.join(RESERVED_NAMES)}, {'*, '.join(RESERVED_PREFIXES)}*). {pick}"
+        )
+    fleets = {prefix: queue, **{p: q for q, p in (await store.registered_queues()).items()}}
+    for other_prefix, other_queue in fleets.items():
+        if queue.startswith(f"{other_prefix}:"):
+            return (
+                f"the queue name {queue!r} lies among the keys of the fleet with key prefix "
+                f"{other_prefix!r}, which would meet a list where it keeps other data. {pick}"
+            )
+        if other_queue.startswith(f"{prefix}:"):
+            return (
+                f"the fleet with key prefix {other_prefix!r} uses the queue {other_queue!r}, "
+                f"among this fleet's keys ({prefix}:...): give this fleet another "
+                "ROLLOUT_FLEET_KEY_PREFIX"
+            )
+    return None
 
 
 async def refuse_shared_queue(store: RecordStore) -> None:

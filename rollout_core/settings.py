@@ -36,6 +36,7 @@ REDIS_COMMAND_TIMEOUT_SECONDS = 3.0
 MIN_DURATION_SECONDS = 0.001
 MAX_DURATION_SECONDS = 365 * 86_400.0
 MIN_LEASE_SECONDS = 1.0
+MIN_RECORD_TTL = 60.0  # OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS's own lower bound
 
 
 def _duration(seconds: float, *, zero_allowed: bool) -> float:
@@ -326,6 +327,23 @@ class FleetSettings(BaseSettings):
                 "inflight_ttl_seconds must be above lease_seconds: a running rollout's record "
                 "TTL is renewed with its lease (every third of lease_seconds), so a shorter "
                 "TTL deletes running rollouts between renewals"
+            )
+        if self.inflight_ttl_seconds < 4 * self.sweep_interval_seconds:
+            raise ValueError(
+                "inflight_ttl_seconds must be at least 4 x sweep_interval_seconds: a waiting "
+                "rollout's TTL is renewed once half of it is gone, checked every sweep "
+                "interval, so a shorter TTL deletes rollouts waiting for a worker"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _record_ttl_keeps_duplicates_away(self) -> Self:
+        if self.record_ttl_seconds is not None and self.record_ttl_seconds < MIN_RECORD_TTL:
+            raise ValueError(
+                f"record_ttl_seconds must be at least {MIN_RECORD_TTL:g} (as "
+                "OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS): a trainer retrying an admission "
+                "after its record expired starts the rollout again, with a second callback "
+                "under a new Idempotency-Key"
             )
         return self
 

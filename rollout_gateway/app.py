@@ -31,6 +31,7 @@ from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit, OpenBindRefus
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
 from rollout_gateway.tools import ToolsRunner
+from rollout_gateway.upkeep import keep_waiting_rollouts
 from rollout_gateway.v1 import FleetV1Service
 from rollout_gateway.v2 import FleetRollouts
 from rollout_sdk.config import get_settings
@@ -153,14 +154,17 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
         app.state.service = (
             FleetV1Service(gateway) if listener is None else FleetRollouts(gateway, listener)
         )
-        clock = asyncio.create_task(PollingClock(store).run(), name="polling-clock")
+        chores = [
+            asyncio.create_task(PollingClock(store).run(), name="polling-clock"),
+            asyncio.create_task(keep_waiting_rollouts(store, settings), name="upkeep"),
+        ]
         settle_heap()
         try:
             yield
         finally:
-            clock.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await clock
+            for chore in chores:
+                chore.cancel()
+            await asyncio.gather(*chores, return_exceptions=True)
             tracing.shutdown()
             if isinstance(app.state.service, FleetRollouts):
                 app.state.service.shutting_down = True

@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,7 +54,18 @@ class _LeaseLost(Exception):
 # Delivery lines a record may end with that say the trainer may hold more than one callback
 # (the nemesis checker reads them to know how many repeats a record owns up to).
 TIMED_OUT = "failed: the trainer did not answer in time (it may have received the callback)"
-ENDED_ON_THE_WIRE = ", after its callback went out (the trainer may have it)"
+# "failed: <why>, after its callback went out <N> time(s) (the trainer may have it)": a record
+# its own execution ended with N attempts on the wire (a fault, a stop).
+ENDED_ON_THE_WIRE = re.compile(
+    r"failed: .+, after its callback went out (\d+) times? \(the trainer may have it\)"
+)
+
+
+def ended_on_the_wire(why: str, attempts: int) -> str:
+    """The delivery line of a rollout ended by its own execution with ``attempts`` of its
+    callback on the wire (matches :data:`ENDED_ON_THE_WIRE`)."""
+    times = "1 time" if attempts == 1 else f"{attempts} times"
+    return f"failed: {why}, after its callback went out {times} (the trainer may have it)"
 
 
 def delivery_failure(exc: Exception) -> str:
@@ -231,7 +243,7 @@ class _Wire:
     def __init__(self, lease: Lease, idempotency_key: str) -> None:
         self._lease = lease
         self.idempotency_key = idempotency_key
-        self.sent = False  # an attempt's request reached the wire
+        self.sent = False  # an attempt's body went on the wire: the trainer may act on it
         self._checks = 0
 
     @property
@@ -240,11 +252,17 @@ class _Wire:
         return self._checks // 2
 
     async def before_send(self) -> None:
-        if not await self._lease.confirm():
+        """Before an attempt's headers, then its body: each only while the lease holds and
+        posting is not barred. Only a body lets the trainer act on the callback, so an
+        attempt counts as gone out (the lease's ``posted``) from its body on."""
+        if not await self._lease.confirm():  # also False once barred
             raise _LeaseLost
+        if self._checks % 2:  # its body
+            if not self._lease.mark_posted():  # barred meanwhile, from another thread
+                raise _LeaseLost
+            self.sent = True
         self._checks += 1
-        self.sent = True
-        self._lease.posted = True
+        self._lease.attempts_out = self.attempts
 
 
 __all__ = [
@@ -254,6 +272,7 @@ __all__ = [
     "Callback",
     "CallbackDelivery",
     "delivery_failure",
+    "ended_on_the_wire",
     "idempotency_key",
     "terminal_status",
 ]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Container, Iterable, Mapping
@@ -60,6 +61,9 @@ LEASE_LOST = "lease lost"
 HANDED_BACK = "handed back"
 CANCELLED = "cancelled"  # the message of a cancelled rollout, in both generations
 STOPPED_UNANSWERED = "the worker stopped before the trainer answered"
+RECYCLED_UNREAD = (
+    "the worker was restarted (an agent blocked its event loop) before it read the trainer's answer"
+)
 
 
 def time_limit_message(seconds: float) -> str:
@@ -139,7 +143,11 @@ class Lease:
         self._settings = settings
         self.confirmed_until = confirmed_until  # monotonic seconds
         self.lost = False  # set once any renewal found it leased to another execution
-        self.posted = False  # a v1 callback attempt of this execution reached the wire
+        self.posted = False  # a v1 callback attempt of this execution went out (its body)
+        self.attempts_out = 0  # how many of its attempts did
+        # Between "may this attempt go out?" and "it went out": the watchdog's thread bars
+        # posting while the loop may be running (:meth:`bar`).
+        self._gate = threading.Lock()
 
     @property
     def seconds(self) -> float:
@@ -169,6 +177,22 @@ class Lease:
             return False
         self.renewed(now)
         return True
+
+    def mark_posted(self) -> bool:
+        """A callback attempt is about to go on the wire: record it, unless posting was barred
+        (then False, and it must not go)."""
+        with self._gate:
+            if self.lost:
+                return False
+            self.posted = True
+            return True
+
+    def bar(self) -> bool:
+        """From any thread: no callback attempt of this execution goes out from now on (the
+        worker is going away); whether one already went out."""
+        with self._gate:
+            self.lost = True
+            return self.posted
 
     async def advance(
         self,
@@ -391,10 +415,15 @@ class Executor:
                         running.task.cancel()
                         handed += 1
                     else:
-                        kept.append(running)
-                for running in kept:
-                    if running.lease.posted and not running.task.done():
+                        kept.append((execution, running))
+                for execution, running in kept:  # delivering, or finished meanwhile
+                    if running.task.done():
+                        continue
+                    if running.lease.bar():
                         await self._end_on_the_wire(running)
+                    elif await self._hand_back_one(running.key, execution, unposted=True):
+                        running.task.cancel()  # barred: it can no longer post
+                        handed += 1
         except (TimeoutError, StoreError) as exc:
             # Not handed back, so left running: cancelled, one could still write its outcome.
             # Their leases lapse once the worker exits and other workers' sweepers requeue
@@ -416,8 +445,26 @@ class Executor:
         await running.carrier.fail(running.claim, STOPPED_UNANSWERED, running.lease)
         running.task.cancel()
 
-    async def _hand_back_one(self, key: RecordKey, execution: str) -> bool:
-        return await self.store.hand_back(key, execution, self._requeue_message(key))
+    async def _hand_back_one(
+        self, key: RecordKey, execution: str, *, unposted: bool = False
+    ) -> bool:
+        message = self._requeue_message(key)
+        return await self.store.hand_back(key, execution, message, unposted=unposted)
+
+    def bar_posting(self) -> list[Departing]:
+        """From any thread, as the worker goes away with its loop stuck: no execution here
+        posts a callback from now on. Each, with whether its callback already went out."""
+        return [
+            Departing(
+                execution,
+                running.key,
+                running.lease.bar(),
+                running.lease.attempts_out,
+                running.carrier,
+                running.claim,
+            )
+            for execution, running in list(self._executions.items())
+        ]
 
     def cancel(self, key: RecordKey) -> bool:
         """Stop every execution of ``key`` here; False if none runs."""
@@ -462,6 +509,25 @@ class Executor:
 
 
 @dataclass(frozen=True)
+class Departing:
+    """An execution of a worker going away (:meth:`Executor.bar_posting`)."""
+
+    execution: str
+    key: RecordKey
+    posted: bool  # its v1 callback went out: it must end, not be handed back
+    attempts_out: int  # how many times
+    carrier: Carrier
+    claim: Claim
+
+    async def end_on_the_wire(self, store: RecordStore, settings: FleetSettings) -> None:
+        """End it, its callback's answer never read (:data:`RECYCLED_UNREAD`), through
+        ``store`` (the worker's own client may be stuck with its loop)."""
+        lease = Lease(store, self.key, self.execution, self.carrier.retention_seconds, settings, 0)
+        lease.posted, lease.attempts_out = True, self.attempts_out
+        await self.carrier.fail(self.claim, RECYCLED_UNREAD, lease)
+
+
+@dataclass(frozen=True)
 class _Execution:
     key: RecordKey
     task: asyncio.Task[object]
@@ -475,7 +541,10 @@ __all__ = [
     "CANCELLED",
     "HANDED_BACK",
     "LEASE_LOST",
+    "RECYCLED_UNREAD",
+    "STOPPED_UNANSWERED",
     "Carrier",
+    "Departing",
     "Executor",
     "Lease",
     "Refusal",

@@ -391,14 +391,22 @@ class WorkerRuntime:
             os._exit(EXIT_LOOP_STALLED)
 
     async def _hand_back(self, culprit: str | None, reason: str) -> None:
-        """Runs on a loop of its own, with a Redis client of its own: the worker's are stuck."""
-        held = self._on_loop.executor.leases
-        unstarted = self._on_loop.intake.taken.difference(held)
+        """Runs on a loop of its own, with a Redis client of its own: the worker's are stuck.
+        No callback goes out from here on (the loop may come unstuck meanwhile); one that went
+        out ends its rollout here, since its answer may never be read, and a takeover would
+        post it again."""
+        departing = self._on_loop.executor.bar_posting()
+        unstarted = self._on_loop.intake.taken.difference(d.key for d in departing)
         store = RecordStore.connect(self.settings, max_connections=2)
         try:
-            for key, execution in held.items():
+            for leaving in departing:
+                key = leaving.key
+                if leaving.posted:
+                    await leaving.end_on_the_wire(store, self.settings)
+                    continue
                 abandon = reason if key == culprit else ""
-                await store.hand_back(key, execution, self._message(store, key), abandon)
+                message = self._message(store, key)
+                await store.hand_back(key, leaving.execution, message, abandon, unposted=True)
             for key in unstarted:
                 await store.hand_back(key, "", self._message(store, key))
             await store.forget_worker(self.name)

@@ -35,9 +35,9 @@ from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse
 from rollout_sdk.runner import error_response, run_agent_loop
 from rollout_worker.delivery import (
-    ENDED_ON_THE_WIRE,
     Callback,
     CallbackDelivery,
+    ended_on_the_wire,
     terminal_status,
 )
 from rollout_worker.execution import CANCELLED, Lease, Refusal, time_limit_message
@@ -168,7 +168,7 @@ class V1Carrier:
         the stored result's status, not posted again."""
         stored = _stored_response(await lease.store.load(lease.key, RecordField.RESULT))
         status = Status.FAILURE if stored is None else terminal_status(stored)
-        delivery = f"failed: {message}{ENDED_ON_THE_WIRE}"
+        delivery = ended_on_the_wire(message, max(lease.attempts_out, 1))
         advanced = await lease.advance(status, fields={RecordField.DELIVERY: delivery})
         return None if advanced is Advance.LOST else status
 

@@ -298,12 +298,26 @@ async def test_a_hand_back_requeues_at_once_without_counting_an_attempt(
     assert (taken.verdict, taken.attempt) == (Verdict.RUNNING, 1)
 
 
-async def test_a_rollout_delivering_its_result_is_not_handed_back(store: RecordStore) -> None:
+async def test_a_rollout_delivering_its_result_is_handed_back_only_unposted(
+    store: RecordStore, redis: Redis
+) -> None:
+    """Its callback may be in flight: handed back only when the worker says none went out
+    (and none will); then it stays delivering, its stored result for the next claim, which
+    counts the same attempt and delivery as before it."""
     key = await admitted(store)
+    await redis.delete("q")
     await store.claim(key, "w1", "w1", 60, 5)
     await store.advance(key, "w1", Status.DELIVERING, result="R")
     assert not await store.hand_back(key, "w1", "BACK")
-    assert (await store.load(key)).status is Status.DELIVERING
+    assert not await store.hand_back(key, "w2", "BACK", unposted=True)  # not its lease
+    assert await store.hand_back(key, "w1", "BACK", unposted=True)
+    assert not await store.hand_back(key, "w1", "BACK", unposted=True)  # done once
+    assert await redis.lrange("q", 0, -1) == ["BACK"]
+    record = await store.load(key)
+    assert (record.status, record.result, record.attempt) == (Status.DELIVERING, "R", 0)
+    assert await store.lapsed_leases(10) == []
+    taken = await store.claim(key, "w2", "w2", 60, 5)
+    assert (taken.verdict, taken.attempt, taken.record.deliveries) == (Verdict.DELIVERING, 1, 0)
 
 
 async def test_a_terminal_record_counts_one_termination(store: RecordStore, redis: Redis) -> None:

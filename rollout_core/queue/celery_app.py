@@ -15,7 +15,7 @@ from celery import Celery
 
 from rollout_core.queue.broker import transport_for
 from rollout_core.settings import FleetSettings
-from rollout_core.store.schema import UNACKED, UNACKED_INDEX
+from rollout_core.store.schema import UNACKED, UNACKED_INDEX, UNACKED_MUTEX
 
 settings = FleetSettings()
 
@@ -29,6 +29,7 @@ app.conf.update(
         "visibility_timeout": settings.visibility_timeout_seconds,
         "unacked_key": UNACKED,
         "unacked_index_key": UNACKED_INDEX,
+        "unacked_mutex_key": UNACKED_MUTEX,
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
         "socket_timeout": 30,

@@ -96,11 +96,19 @@ class Execution(StoreBase):
         return replies.advance(await self._run(Script.ADVANCE, [key], args))
 
     async def hand_back(
-        self, key: RecordKey, execution: str, message: str, abandon: str = ""
+        self,
+        key: RecordKey,
+        execution: str,
+        message: str,
+        abandon: str = "",
+        *,
+        unposted: bool = False,
     ) -> bool:
         """Hand a rollout this worker runs back to the queue now; ``execution=""``: one it took
-        but never started. ``abandon``: the reason to fail it with instead of running it again."""
-        args = [execution, message, abandon]
+        but never started. ``abandon``: the reason to fail it with instead of running it again.
+        ``unposted``: a rollout delivering its result may go back too, none of its callbacks
+        having gone out (the caller barred them)."""
+        args = [execution, message, abandon, "1" if unposted else ""]
         return replies.flag(await self._run(Script.HAND_BACK, [key, self.queue], args))
 
     async def beat(self, beat: WorkerBeat, ttl_seconds: int) -> None:

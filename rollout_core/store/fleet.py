@@ -169,6 +169,20 @@ class FleetState(StoreBase):
             _, _, owner, queue = await pipe.execute()
         return cast(str | None, owner) or self.keys.prefix, cast(str | None, queue) or self.queue
 
+    async def registered_queues(self) -> dict[str, str]:
+        """Every fleet's queue on this Redis database → its key prefix (the registrations
+        :meth:`own_queue` writes)."""
+        head = self.queue_owner_key.removesuffix(self.queue)
+        keys = [key async for key in self._redis.scan_iter(match=f"{head}*", count=1000)]
+        if not keys:
+            return {}
+        prefixes = cast(list[str | None], await self._redis.mget(keys))
+        return {
+            key.removeprefix(head): prefix
+            for key, prefix in zip(keys, prefixes, strict=True)
+            if prefix is not None
+        }
+
     async def queue_owner(self) -> str | None:
         """The key prefix registered as the queue's user, if any."""
         return cast(str | None, await self._redis.get(self.queue_owner_key))

@@ -53,6 +53,11 @@ RecordKey = NewType("RecordKey", str)
 # (the same names for every fleet on the Redis database; the Celery app configures them).
 UNACKED = "unacked"  # delivery tag → [message, exchange, routing key]
 UNACKED_INDEX = "unacked_index"  # delivery tag → when it was taken (epoch seconds)
+UNACKED_MUTEX = "unacked_mutex"  # kombu's lock over restoring them
+# No fleet's queue may be named like these (a script would meet a value of the wrong type):
+# kombu's keys, its bindings, the queue registry (``fleet.py``).
+RESERVED_NAMES = (UNACKED, UNACKED_INDEX, UNACKED_MUTEX)
+RESERVED_PREFIXES = ("_kombu.", "_rollout_fleet.")
 
 
 class Status(StrEnum):
@@ -403,10 +408,13 @@ __all__ = [
     "POLLING_CLOCK_RESOLUTION_SECONDS",
     "POLLING_CLOCK_TICK_SECONDS",
     "PROTOCOLS",
+    "RESERVED_NAMES",
+    "RESERVED_PREFIXES",
     "TERMINAL",
     "TRACE_FIELDS",
     "UNACKED",
     "UNACKED_INDEX",
+    "UNACKED_MUTEX",
     "WAITING",
     "AdmitOutcome",
     "AdmitStart",

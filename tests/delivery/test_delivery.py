@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import V2_ENV, StartFleet
-from tests.harness import SCRIPTED_V2_AGENT, FleetUnderTest, new_id, script, v2_body
+from tests.harness import SCRIPTED_V2_AGENT, FleetUnderTest, new_id, script, supervised, v2_body
 
 COMPLETE_AT_ONCE = script({"complete": {}})  # no LLM call: the callback is the only request
 
@@ -368,6 +368,81 @@ def test_a_stored_result_whose_deliverers_keep_dying_ends_undelivered_once(
     assert doorway.callbacks == []
 
 
+def test_a_stopping_worker_hands_back_a_callback_that_has_not_gone_out(
+    start_fleet: StartFleet,
+) -> None:
+    """SIGTERM while one rollout's callback is on the wire and another's waits for the
+    worker's only connection (``OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS=1``). At the grace's
+    end the first ends saying the trainer may have it; the second is barred from posting and
+    handed back, still delivering, to another worker, which posts it once. Before: the second
+    went out after that check, the worker exited with it unanswered, and a takeover posted it
+    again."""
+    env = {
+        "ROLLOUT_FLEET_SHUTDOWN_GRACE_SECONDS": "1",
+        "OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS": "40",
+        "OSMOSIS_ROLLOUT_CLIENT_MAX_CONNECTIONS": "1",
+    }
+    handle = start_fleet(workers=1, concurrency=4, env=env)
+    on_wire, waiting = new_id("on-wire"), new_id("waiting")
+    handle.trainer.add_faults(
+        {"target": "completed", "delay_s": 4.0, "times": 1, "rollout_id": on_wire},
+        {"target": "completed", "delay_s": 10.0, "times": 1, "rollout_id": waiting},
+    )
+    assert handle.init(handle.body(on_wire, metadata=COMPLETE_AT_ONCE)).status_code == 202
+    handle.wait_status(on_wire, {"delivering"})
+    assert handle.init(handle.body(waiting, metadata=COMPLETE_AT_ONCE)).status_code == 202
+    handle.wait_status(waiting, {"delivering"})
+    time.sleep(0.3)  # the first holds the connection, the second waits for it
+    os.kill(holder_pid(handle, waiting), signal.SIGTERM)
+    handle.fleet.start_worker(2)
+    first = handle.wait_status(on_wire, {"success", "failure"}, timeout=30)
+    assert first["delivery"] == (
+        "failed: the worker stopped before the trainer answered, after its callback went out "
+        "1 time (the trainer may have it)"
+    ), first
+    second = handle.wait_status(waiting, {"success", "failure"}, timeout=60)
+    assert (second["status"], second["delivery"], second["handoffs"]) == (
+        "success",
+        "delivered",
+        "1",
+    ), second
+    time.sleep(3 * 3 + 2)  # three leases and a sweep: a takeover would have posted by now
+    assert len(handle.trainer.calls("completed", waiting)) == 1
+    assert len(handle.trainer.calls("completed", on_wire)) == 1
+
+
+def test_a_worker_recycled_for_a_blocked_loop_ends_a_callback_whose_answer_it_never_read(
+    start_fleet: StartFleet,
+) -> None:
+    """An agent blocks the worker's event loop while another rollout's callback is on the
+    wire; the trainer answers during the block, unread. The watchdog recycles the worker:
+    that rollout ends with its stored result, saying the trainer may have it, instead of
+    being left to a takeover that posts it again (before: two callbacks answered 200, the
+    record saying plain ``delivered``)."""
+    handle = start_fleet(workers=1, env={"OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS": "40"})
+    answered, blocker = new_id("answered"), new_id("blocks")
+    handle.trainer.add_faults(
+        {"target": "completed", "delay_s": 1.0, "times": 1, "rollout_id": answered}
+    )
+    with supervised(handle.fleet) as restarted:
+        assert handle.init(handle.body(answered, metadata=COMPLETE_AT_ONCE)).status_code == 202
+        handle.wait_status(answered, {"delivering"})
+        blocking = script({"sleep": 0.3}, {"block": 30})  # once the callback's body is out
+        assert handle.init(handle.body(blocker, metadata=blocking)).status_code == 202
+        record = handle.wait_status(answered, {"success", "failure"}, timeout=30)
+        failed = handle.wait_status(blocker, {"success", "failure"}, timeout=60)
+        time.sleep(3 * 3 + 2)  # three leases and a sweep: a takeover would have posted by now
+    assert restarted == ["worker-1"]
+    assert record["status"] == "success", record
+    assert record["delivery"] == (
+        "failed: the worker was restarted (an agent blocked its event loop) before it read the "
+        "trainer's answer, after its callback went out 1 time (the trainer may have it)"
+    ), record
+    assert len(handle.trainer.calls("completed", answered)) == 1
+    assert failed["status"] == "failure"
+    assert "blocked its worker's event loop" in json.loads(failed["result"])["error_message"]
+
+
 def test_a_worker_stopping_with_its_callback_unanswered_ends_it_without_a_second(
     start_fleet: StartFleet,
 ) -> None:
@@ -394,7 +469,7 @@ def test_a_worker_stopping_with_its_callback_unanswered_ends_it_without_a_second
     assert record["status"] == "success", record
     assert record["delivery"] == (
         "failed: the worker stopped before the trainer answered, after its callback went out "
-        "(the trainer may have it)"
+        "1 time (the trainer may have it)"
     ), record
     deadline = time.monotonic() + 40  # the held POST is answered; a takeover would post again
     while time.monotonic() < deadline and not handle.trainer.calls("completed", rollout_id):

@@ -54,6 +54,27 @@ def test_a_fleet_whose_queue_another_prefix_uses_refuses_to_start(start_fleet: S
         assert "ROLLOUT_FLEET_QUEUE" in output
 
 
+def test_a_queue_named_among_another_fleets_keys_refuses_to_start(
+    start_fleet: StartFleet,
+) -> None:
+    """A fleet whose queue lies in another fleet's key space (``fa:leases``), and one whose
+    key prefix holds another fleet's queue: both refuse, naming the clash. Before: the first
+    started, its admission made ``fa:leases`` a list, and fleet fa's claims failed halfway
+    (WRONGTYPE), leaving a rollout running with no lease for good."""
+    first = start_fleet(
+        workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": QUEUE}
+    )
+    url = first.fleet.redis_url
+    for output in refusals_of_gateway_and_worker(url, "fc", "fa:leases"):
+        assert "lies among the keys of the fleet with key prefix 'fa'" in output
+    second = start_fleet(
+        workers=0, env={"ROLLOUT_FLEET_KEY_PREFIX": "fd", "ROLLOUT_FLEET_QUEUE": "fe:queue"}
+    )
+    for output in refusals_of_gateway_and_worker(second.fleet.redis_url, "fe", "fe-queue"):
+        assert "uses the queue 'fe:queue', among this fleet's keys" in output
+    assert first.redis.type("fa:leases") in ("zset", "none")
+
+
 def test_a_worker_puts_back_another_fleets_message_and_ready_names_the_shared_queue(
     start_fleet: StartFleet,
 ) -> None:

@@ -405,11 +405,11 @@ def _attempts_the_record_allows(delivery: str) -> int | None:
         return 1
     if found := _DELIVERED_ON.fullmatch(delivery):
         return int(found.group(1))
-    # Timed out, or ended by its own execution once its POST was on the wire (a fault, a stop).
-    if delivery == TIMED_OUT or (
-        delivery.startswith("failed: ") and delivery.endswith(ENDED_ON_THE_WIRE)
-    ):
+    if delivery == TIMED_OUT:
         return TIMED_OUT_ATTEMPTS
+    # Ended by its own execution with its POST on the wire (a fault, a stop): that many went.
+    if found := ENDED_ON_THE_WIRE.fullmatch(delivery):
+        return int(found.group(1))
     return None
 
 

@@ -248,8 +248,13 @@ def test_a_final_poll_refused_or_not_terminal_is_a_contradicting_result() -> Non
         ("failed: the trainer did not answer in time (it may have received the callback)", 3),
         (
             "failed: the worker stopped before the trainer answered, after its callback went "
-            "out (the trainer may have it)",
-            3,
+            "out 1 time (the trainer may have it)",
+            1,
+        ),
+        (
+            "failed: the worker stopped before the trainer answered, after its callback went "
+            "out 2 times (the trainer may have it)",
+            2,
         ),
         (
             "not delivered: 1 try, each ended by its worker stopping (crashed or killed) "
@@ -262,8 +267,9 @@ def test_a_delivery_line_excuses_no_more_callbacks_than_it_states(
     delivery: str, allowed: int
 ) -> None:
     """A record's delivery line excuses the attempts of its one live delivery, no more: one
-    callback past them, with no crash, is a ``duplicate_callback`` (before: any line saying
-    "may have received" excused three, whatever it said and with no crash anywhere)."""
+    callback past them, with no crash, is a ``duplicate_callback`` (a line ending a rollout
+    with its callback on the wire says how many attempts went out: before, it excused three
+    whatever that number was)."""
     assert allowed <= TIMED_OUT_ATTEMPTS
     body = {"rollout_id": "r1", "status": "COMPLETED", "reward": 1.0}
     record = {

@@ -43,6 +43,9 @@ local deliveries = tonumber(record[FIELD.deliveries] or 0)
 local forgiven = tonumber(record[FIELD.forgiven] or 0)
 local reply = {}
 if not repeated then
+  -- The lease first: a write Redis refuses (the wrong type of key, maxmemory) must fail the
+  -- script before it changed the record, not leave it running without a lease.
+  redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
   if status == STATUS.running or status == STATUS.grading then
     forgiven = forgive_shared_crash(KEYS[1], ARGV[4])
   end
@@ -59,7 +62,6 @@ if not repeated then
     reply[#reply + 1], reply[#reply + 2] = FIELD.alone, ARGV[1]
   end
   redis.call('HSET', KEYS[1], unpack(reply))
-  redis.call('ZADD', LEASES, now + tonumber(ARGV[3]), KEYS[1])
   if status ~= phase then
     publish_change(KEYS[1], phase)
   end

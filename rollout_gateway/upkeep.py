@@ -1,0 +1,32 @@
+"""What gateways keep up in Redis while they run, besides answering requests.
+
+Admitted rollouts wait in Redis under a safety TTL (``ROLLOUT_FLEET_INFLIGHT_TTL_SECONDS``)
+that is renewed while they wait (``prune.lua``). Workers' sweepers renew it; so do gateways,
+one at a time (a turn per sweep interval): a fleet whose workers are all down or refusing to
+start (a wrong key, a bad agent) for longer than the TTL must not lose what it admitted
+meanwhile, with no result and no error anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from rollout_core.settings import FleetSettings
+from rollout_core.store import RecordStore, StoreError
+
+TURN = "gateway-prune"
+
+
+async def keep_waiting_rollouts(store: RecordStore, settings: FleetSettings) -> None:
+    """Renew waiting rollouts' TTL once per sweep interval, one gateway per turn, until
+    cancelled; Redis trouble skips a turn."""
+    every = settings.sweep_interval_seconds
+    while True:
+        with contextlib.suppress(StoreError):
+            if await store.take_turn(TURN, every):
+                await store.prune(settings.inflight_ttl_seconds)
+        await asyncio.sleep(every)
+
+
+__all__ = ["keep_waiting_rollouts"]
