@@ -4,19 +4,22 @@ ends with exactly one result.
 
 A scenario: start a :class:`ChaosFleet`, start a :class:`Trainer` offering rollouts, break
 something while they run, then :func:`audit`. It waits for the trainer, for every record to
-end, and then long enough for anything late to show (:func:`settle_seconds`: a lease lapsing
-unseen, a sweep taking the rollout over, a callback going out again and the client timeout
-of its POST), and checks (:func:`judge` says what it found, :func:`audit` asserts it):
+end, and then long enough for anything late to show (:meth:`Timings.settle`: a lease lapsing
+unseen, the sweepers' hold-off, a sweep taking the rollout over, and every attempt of the
+callback posted again), and checks (:func:`judge` says what it found, :func:`audit` asserts
+it):
 
-* v1: each admitted rollout got exactly one completion callback — or a byte-identical repeat
-  excused by a ``kill -9`` in the first window RELIABILITY.md names: the rollout was held by
-  the killed worker and its first callback had arrived before the kill (the worker posted, the
-  trainer answered, the worker died before recording the answer);
+* v1: each admitted rollout got exactly one completion callback — or byte-identical repeats,
+  each excused by a ``kill -9`` of its own in the first window RELIABILITY.md names: the
+  killed worker held the rollout and the kill fell from 1 s before the repeated callback's
+  arrival to the client timeout and a second after it (the worker posted, the trainer
+  answered, the worker died before recording the answer; :func:`judge_repeats`);
 * v1: every callback says what its record says in the end: the stored result, byte for byte,
   and COMPLETED only for a ``success``;
 * v2: each admitted rollout's polls ended in a terminal result (a rollout whose 202 was lost
   with a dying gateway ends by itself, as ``lease_expired``), the record's final status and
-  result;
+  result; and one more poll after the run settled (with the trainer's lease token, through a
+  gateway) answers that same terminal result — never another, never a non-terminal status;
 * every record became terminal exactly once (its ``terminations`` count, kept by Redis);
 * nothing is left queued, running or leased, and every record has a TTL.
 """
@@ -30,6 +33,8 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -37,9 +42,11 @@ from typing import Any, Literal
 import httpx
 import redis
 
+from rollout_core.settings import FleetSettings
 from rollout_core.store.schema import Keys
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
+from rollout_sdk.config.settings import RolloutClientSettings
 from rollout_sdk.core.schemas import RolloutResponse
 from tests.harness import REPO, MockTrainGateClient, new_id, v1_body, v2_body
 
@@ -196,7 +203,8 @@ class Trainer:
     pace: float = 0.0  # seconds between admissions (0: all at once)
     admitted: set[str] = field(default_factory=set)
     orphaned: set[str] = field(default_factory=set)  # v2: admitted, 202 lost
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # v2 terminal bodies
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # v2 first terminal bodies
+    tokens: dict[str, str] = field(default_factory=dict)  # v2 polling lease tokens
     rejections: Counter[int] = field(default_factory=Counter)  # 429s and other refusals seen
     errors: list[str] = field(default_factory=list)
     broken_connections: int = 0  # requests a dying gateway never answered
@@ -297,6 +305,7 @@ class Trainer:
             if response.status_code == 202:
                 self.admitted.add(rollout_id)
                 token: str = response.json()["polling_lease_token"]
+                self.tokens[rollout_id] = token
                 return token
             self.rejections[response.status_code] += 1
             if response.status_code == 409 and lost_answer:
@@ -340,15 +349,82 @@ class Outcome:
     statuses: dict[str, int]
 
 
+# How far a crash may precede the arrival of the callback it repeats: ``Crash.at`` is read
+# after the kill returned, and a request the worker had written whole still reaches the
+# trainer from the kernel's buffers after its process died.
+REPEAT_SLACK = 1.0
+
+
+@dataclass(frozen=True)
+class Timings:
+    """The recovery timings a fleet runs with, read from the environment its processes get
+    (a setting it leaves unset has its settings model's default)."""
+
+    lease: float  # ROLLOUT_FLEET_LEASE_SECONDS
+    sweep: float  # ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS
+    client_timeout: float  # OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS: one callback attempt
+    callback_retries: int  # OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES
+    retry_base_delay: float  # OSMOSIS_ROLLOUT_CLIENT_RETRY_BASE_DELAY
+    retry_max_delay: float  # OSMOSIS_ROLLOUT_CLIENT_RETRY_MAX_DELAY
+
+    @classmethod
+    def of(cls, env: Mapping[str, str]) -> Timings:
+        def fleet(name: str) -> float:
+            return _setting(env, FleetSettings, name)
+
+        def client(name: str) -> float:
+            return _setting(env, RolloutClientSettings, name)
+
+        return cls(
+            lease=fleet("lease_seconds"),
+            sweep=fleet("sweep_interval_seconds"),
+            client_timeout=client("timeout_seconds"),
+            callback_retries=int(client("complete_rollout_retries")),
+            retry_base_delay=client("retry_base_delay"),
+            retry_max_delay=client("retry_max_delay"),
+        )
+
+    @classmethod
+    def of_fleet(cls, chaos: ChaosFleet) -> Timings:
+        return cls.of({**chaos.fleet.process_env(), **chaos.fleet.env})
+
+    @property
+    def repeat_window(self) -> float:
+        """How long after a callback's arrival the crash that makes it repeat may come: the
+        worker that posted it records the trainer's answer as it arrives, and waits for it at
+        most the client timeout; a second more for the loop and the Redis write."""
+        return self.client_timeout + REPEAT_SLACK
+
+    @property
+    def settle(self) -> float:
+        """How long the audit waits, once every record ended and every v1 rollout was called
+        back, before it reads callbacks, polls and records: long enough for a takeover repeat
+        to arrive. The wait starts after every crash and every first callback, and a repeat
+        comes from a worker that died before recording the trainer's answer: its lease lapses
+        (a lease), the sweepers may hold off two leases more (after Redis was away), a sweep
+        finds it, and the worker taking the rollout over posts the stored result again — up
+        to every attempt of it (the first and the retries), each up to the client timeout,
+        with the SDK's back-off between them. Anything else late — a record changing — has
+        shown by then too."""
+        backoff = sum(
+            min(self.retry_base_delay * 2**attempt, self.retry_max_delay)
+            for attempt in range(self.callback_retries)
+        )
+        attempts = (self.callback_retries + 1) * self.client_timeout
+        return 3 * self.lease + self.sweep + attempts + backoff
+
+
+def _setting(env: Mapping[str, str], model: Any, name: str) -> float:
+    """Setting ``name`` of the pydantic-settings ``model`` as ``env`` sets it, else its
+    default."""
+    value = env.get(f"{model.model_config.get('env_prefix', '')}{name}".upper())
+    return float(value) if value else float(model.model_fields[name].default)
+
+
 def settle_seconds(chaos: ChaosFleet) -> float:
-    """How long after every record ended the audit waits before it judges: 3 leases (a lease
-    lapsing, the sweepers' hold-off of two), a sweep, and the client timeout of a callback
-    posted again; anything late — a repeat, a record changing — has shown by then."""
-    env = {**chaos.fleet.process_env(), **chaos.fleet.env}
-    lease = float(env.get("ROLLOUT_FLEET_LEASE_SECONDS", 15))
-    sweep = float(env.get("ROLLOUT_FLEET_SWEEP_INTERVAL_SECONDS", 5))
-    client_timeout = float(env.get("OSMOSIS_ROLLOUT_CLIENT_TIMEOUT_SECONDS", 300))
-    return 3 * lease + sweep + client_timeout
+    """How long after every record ended the audit waits before it judges
+    (:attr:`Timings.settle` of the fleet's timings)."""
+    return Timings.of_fleet(chaos).settle
 
 
 def audit(
@@ -384,7 +460,10 @@ def judge(
     deliverable = trainer.admitted - undeliverable
     if chaos.protocol == "v1":
         _wait_delivered(chaos, deliverable, timeout)
-    time.sleep(settle_seconds(chaos))
+    timings = Timings.of_fleet(chaos)
+    time.sleep(timings.settle)
+    # v2: every rollout polled once more, as its trainer would, before the records are read.
+    polls = _final_polls(chaos, trainer) if chaos.protocol == "v2" else {}
     finals = {rollout_id: store.hgetall(record) for rollout_id, record in records.items()}
     problems = [f"{i}: {f.get('status', 'missing')}" for i, f in finals.items() if not _ended(f)]
     duplicates = sum(1 for fields in finals.values() if int(fields.get("terminations", 0)) > 1)
@@ -395,7 +474,7 @@ def judge(
         calls = {i: deliveries.get(i, []) for i in deliverable}
         if any(len(delivered) > 1 for delivered in calls.values()):
             unexcused, excused = judge_repeats(
-                calls, _first_arrivals(chaos), records, crashes or []
+                calls, _arrivals(chaos), records, crashes or [], timings.repeat_window
             )
             duplicates += unexcused
             problems += [f"{i}: {len(c)} callbacks" for i, c in calls.items() if len(c) > 1]
@@ -403,7 +482,8 @@ def judge(
         completed = sum(1 for c in calls.values() if c and c[0]["status"] == "COMPLETED")
     else:
         assert trainer.results.keys() == trainer.admitted - trainer.orphaned
-        contradicting = _contradicting_polls(trainer.results, finals)
+        assert trainer.tokens.keys() == trainer.results.keys()
+        contradicting = _contradicting_polls(trainer.results, polls, finals)
         completed = sum(1 for fields in finals.values() if fields.get("status") == "success")
     outcome = Outcome(
         offered=len(trainer.bodies),
@@ -457,19 +537,78 @@ def _contradicting_callbacks(
 
 
 def _contradicting_polls(
-    results: dict[str, dict[str, Any]], finals: dict[str, dict[str, str]]
+    results: dict[str, dict[str, Any]],
+    polls: dict[str, dict[str, Any] | None],
+    finals: dict[str, dict[str, str]],
 ) -> list[str]:
-    """A line for each v2 rollout whose terminal poll is not its record's final status and
-    result."""
+    """A line for each v2 rollout whose polls disagree: its first terminal poll (``results``)
+    or the poll after the run settled (``polls``: ``None`` if no gateway answered it) is not
+    the record's final status and result, the two differ, or the later one is not terminal
+    (a status regression, or an answer other than a 200)."""
     found = []
-    for rollout_id, polled in results.items():
+    for rollout_id in sorted(results.keys() | polls.keys()):
         fields = finals[rollout_id]
-        if polled.get("status") != fields.get("status") or polled != _stored_result(fields):
+        status, stored = fields.get("status"), _stored_result(fields)
+        first = results.get(rollout_id)
+        said: list[str] = []
+        if first is not None and (first.get("status") != status or first != stored):
+            said.append(f"polled {first.get('status')}")
+        if rollout_id in polls:
+            later = polls[rollout_id]
+            if later is None:
+                said.append("no gateway answered its poll after the run")
+            elif later.get("status") not in TERMINAL:
+                said.append(f"polled {later.get('status')} after a terminal poll")
+            elif first is not None and later != first:
+                said.append(f"polled {later.get('status')} after the run, another result")
+            elif later.get("status") != status or later != stored:
+                said.append(f"polled {later.get('status')} after the run")
+        if said:
             found.append(
-                f"{rollout_id}: polled {polled.get('status')}, the record says "
-                f"{fields.get('status')}: {str(fields.get('result'))[:200]}"
+                f"{rollout_id}: {'; '.join(said)}, the record says "
+                f"{status}: {str(fields.get('result'))[:200]}"
             )
     return found
+
+
+def poll_once(
+    gateways: list[str], rollout_id: str, token: str, api_key: str | None = None
+) -> dict[str, Any] | None:
+    """One more poll of a v2 rollout (an audit's, at the end): its body, or for any other
+    answer than a 200 (a 409, 403, 404: every poll must return the terminal result) a body
+    saying what came instead, which no result equals; ``None`` only if no gateway answered."""
+    headers = {LEASE_HEADER: token}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    for attempt in range(10):
+        url = f"{gateways[attempt % len(gateways)]}/rollout/{rollout_id}/result"
+        try:
+            response = httpx.get(url, headers=headers, timeout=10)
+        except httpx.TransportError:
+            time.sleep(0.2)
+            continue
+        if response.status_code in (502, 503, 504):
+            time.sleep(0.2)
+            continue
+        if response.status_code != 200:
+            return {"status": f"answered {response.status_code}", "body": response.text[:200]}
+        result: dict[str, Any] = response.json()
+        return result
+    return None
+
+
+def _final_polls(chaos: ChaosFleet, trainer: Trainer) -> dict[str, dict[str, Any] | None]:
+    """One more poll of every v2 rollout whose polling lease token the trainer holds, through
+    the fleet's gateways, after the run settled."""
+    held = sorted(trainer.tokens.items())
+    gateways = chaos.fleet.gateway_urls
+
+    def poll(one: tuple[str, str]) -> dict[str, Any] | None:
+        return poll_once(gateways, *one, api_key=trainer.api_key)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(poll, held))
+    return {rollout_id: answer for (rollout_id, _), answer in zip(held, answers, strict=True)}
 
 
 def _wait_terminal(
@@ -504,37 +643,50 @@ def _wait_delivered(
 
 def judge_repeats(
     deliveries: dict[str, list[dict[str, Any]]],
-    first_arrival: dict[str, float],
+    arrivals: dict[str, list[float]],
     records: dict[str, str],
     crashes: list[Crash],
+    window: float,
 ) -> tuple[int, int]:
-    """The repeated v1 callbacks as (unexcused, excused): a repeat is excused only if it is
-    byte-identical to the first callback, the rollout's record was held by a killed worker,
-    and the first callback had arrived before that kill."""
+    """The repeated v1 callbacks as (unexcused, excused). A repeat is excused only if it is
+    byte-identical to the first callback and a crash of its own explains it (one crash
+    excuses one repeat of a rollout): the callback before it went out from a worker that was
+    killed before recording the trainer's answer, so a kill of a worker holding the rollout
+    (``crash.held``: the records leased to it as it was killed) from ``REPEAT_SLACK`` before
+    that callback's arrival to ``window`` after it (:attr:`Timings.repeat_window`). The first
+    repeat needs a kill around the first callback's arrival, the second one around the
+    second's (the worker that took the rollout over and posted it again), and so on."""
     unexcused = excused = 0
     for rollout_id, calls in deliveries.items():
-        if len(calls) < 2:
+        repeats = len(calls) - 1
+        if repeats < 1:
             continue
-        identical = all(call == calls[0] for call in calls)
-        in_window = any(
-            records[rollout_id] in crash.held and first_arrival[rollout_id] < crash.at
-            for crash in crashes
-        )
-        if identical and in_window:
-            excused += len(calls) - 1
-        else:
-            unexcused += len(calls) - 1
+        if any(call != calls[0] for call in calls):
+            unexcused += repeats
+            continue
+        record = records[rollout_id]
+        holders = sorted((c for c in crashes if record in c.held), key=lambda c: c.at)
+        used: list[Crash] = []
+        for at in sorted(arrivals.get(rollout_id, []))[:repeats]:
+            crash = next(
+                (c for c in holders if c not in used and at - REPEAT_SLACK <= c.at <= at + window),
+                None,
+            )
+            if crash is not None:
+                used.append(crash)
+        excused += len(used)
+        unexcused += repeats - len(used)
     return unexcused, excused
 
 
-def _first_arrivals(chaos: ChaosFleet) -> dict[str, float]:
-    """When each rollout's first callback reached the mock trainer (wall clock)."""
+def _arrivals(chaos: ChaosFleet) -> dict[str, list[float]]:
+    """When each callback of each rollout reached the mock trainer (wall clock), in order."""
     answer = chaos.trainer.http.get(f"{chaos.trainer.url}/mock/completed")
     answer.raise_for_status()
-    first: dict[str, float] = {}
+    arrivals: dict[str, list[float]] = {}
     for rollout_id, at in answer.json()["completed"]:
-        first.setdefault(rollout_id, at)
-    return first
+        arrivals.setdefault(rollout_id, []).append(at)
+    return arrivals
 
 
 def _assert_settled(chaos: ChaosFleet, store: redis.Redis) -> None:

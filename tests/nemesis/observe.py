@@ -1,8 +1,9 @@
 """What the checker needs to see while a run goes on, besides the fleet's own records.
 
 * :class:`PollingTrainer`: the chaos suite's trainer, keeping every terminal poll of a v2
-  rollout (it polls once more after the first, a second later) and each lease token, so the
-  checker can poll every rollout once more at the end; it can be told to stop.
+  rollout (it polls once more after the first, a second later); with the lease tokens every
+  chaos trainer keeps, the checker polls every rollout once more at the end; it can be told
+  to stop.
 * :class:`Holders`: which execution held each leased rollout, sampled from Redis every
   ``interval``: a finished record keeps no execution, and its ``worker`` names only the last
   claimant, so who held a rollout when its callback went out must be watched for.
@@ -16,11 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import redis
 
 from rollout_core.store.schema import Keys
-from tests.chaos.harness import LEASE_HEADER, Trainer
+from tests.chaos.harness import Trainer, poll_once
 from tests.nemesis.stage import PREFIX, Stage
 
 REPOLL_AFTER = 1.0  # seconds between a v2 rollout's first terminal poll and the next
@@ -29,7 +29,6 @@ REPOLL_AFTER = 1.0  # seconds between a v2 rollout's first terminal poll and the
 @dataclass
 class PollingTrainer(Trainer):
     polls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # terminal bodies
-    tokens: dict[str, str] = field(default_factory=dict)  # v2 lease tokens
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -49,12 +48,6 @@ class PollingTrainer(Trainer):
             return []
         return sorted(self.admitted - self.orphaned - self.results.keys())
 
-    async def _admit_v2(self, http: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
-        token = await super()._admit_v2(http, body)
-        if token is not None:
-            self.tokens[body["rollout_id"]] = token
-        return token
-
     async def _terminal(self, rollout_id: str, result: dict[str, Any]) -> bool:
         """Every terminal poll is kept; the first is followed by one more, a second later."""
         polls = self.polls.setdefault(rollout_id, [])
@@ -64,27 +57,6 @@ class PollingTrainer(Trainer):
             return True
         await asyncio.sleep(REPOLL_AFTER)
         return False
-
-
-def poll_once(gateways: list[str], rollout_id: str, token: str) -> dict[str, Any] | None:
-    """One more poll of a v2 rollout (the checker's, at the end): its body, or for any other
-    answer than a 200 (a 409, 403, 404: every poll must return the terminal result) a body
-    saying what came instead, which no result equals; ``None`` only if no gateway answered."""
-    for attempt in range(10):
-        url = f"{gateways[attempt % len(gateways)]}/rollout/{rollout_id}/result"
-        try:
-            response = httpx.get(url, headers={LEASE_HEADER: token}, timeout=10)
-        except httpx.TransportError:
-            time.sleep(0.2)
-            continue
-        if response.status_code in (502, 503, 504):
-            time.sleep(0.2)
-            continue
-        if response.status_code != 200:
-            return {"status": f"answered {response.status_code}", "body": response.text[:200]}
-        result: dict[str, Any] = response.json()
-        return result
-    return None
 
 
 @dataclass(frozen=True)
