@@ -81,6 +81,22 @@ def test_a_v1_backlog_older_than_the_inflight_ttl_is_still_run(start_fleet: Star
     assert [c["status"] for c in deliveries[waiting]] == ["COMPLETED"]
 
 
+def test_rollouts_admitted_while_no_worker_runs_outlive_the_inflight_ttl(
+    start_fleet: StartFleet,
+) -> None:
+    """No worker for three in-flight TTLs (every worker down, or refusing to start): the
+    gateway renews what waits, and the rollout runs once a worker comes (before: its record
+    expired, the worker dropped its message as missing, no callback and no error anywhere)."""
+    handle = start_fleet(workers=0, env={"ROLLOUT_FLEET_INFLIGHT_TTL_SECONDS": "4"})
+    rollout_id = new_id("no-worker")
+    assert handle.init(handle.body(rollout_id)).status_code == 202
+    time.sleep(12)
+    assert handle.record(rollout_id)["status"] == "queued"
+    handle.fleet.start_worker(1)
+    deliveries = handle.wait_delivered([rollout_id], timeout=60)
+    assert [c["status"] for c in deliveries[rollout_id]] == ["COMPLETED"]
+
+
 def test_hung_get_tools_calls_refuse_admissions_clearly_and_unready_the_gateway(
     start_fleet: StartFleet,
 ) -> None:
