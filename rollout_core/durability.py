@@ -23,6 +23,7 @@ start, and a gateway's ``/ready`` fails if that changes while it runs.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from rollout_core.settings import FleetSettings
@@ -171,11 +172,40 @@ async def refuse_shared_queue(store: RecordStore) -> None:
         raise SharedQueue(f"refusing to run: {conflict}")
 
 
+class MixedSettings(StartRefused):
+    """This process's shared settings differ from the ones the fleet's live processes have."""
+
+
+async def refuse_mixed_settings(store: RecordStore, settings: FleetSettings) -> None:
+    """Raise :class:`MixedSettings` unless this process's :attr:`FleetSettings.shared` are
+    the ones the fleet's live processes have (stored by the first of them; kept while any
+    lives)."""
+    ours = settings.shared
+    try:
+        stored = await store.share_settings(json.dumps(ours, sort_keys=True), settings.shared_ttl)
+    except StoreUnavailable as exc:
+        logger.warning("Redis did not answer the shared-settings check at start: %r", exc)
+        return
+    theirs = json.loads(stored)
+    differ = [
+        f"{name}={value:g} here, {theirs[name]:g} in the fleet's running processes"
+        for name, value in ours.items()
+        if name in theirs and theirs[name] != value
+    ]
+    if differ:
+        raise MixedSettings(
+            f"refusing to start: {'; '.join(differ)} ({store.keys.shared_settings}): give every "
+            "gateway and worker of one fleet the same values; to change them, stop the whole "
+            "fleet first (its values lapse three leases after its last process stops)"
+        )
+
+
 async def start_checks(store: RecordStore, settings: FleetSettings, *, admits: bool) -> None:
     """Every check a process makes of Redis before it serves (:class:`StartRefused` if one
     fails); ``admits``: a gateway, which also needs the replicas admissions wait for."""
     await refuse_data_loss(store, settings)
     await refuse_shared_queue(store)
+    await refuse_mixed_settings(store, settings)
     if admits:
         await refuse_too_few_replicas(store, settings)
 
@@ -207,6 +237,7 @@ class RedisWatch:
 
 __all__ = [
     "OVERRIDE",
+    "MixedSettings",
     "RedisLosesData",
     "RedisWatch",
     "SharedQueue",

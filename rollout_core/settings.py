@@ -380,6 +380,27 @@ class FleetSettings(BaseSettings):
         return self.record_ttl_seconds or get_settings().server.record_ttl_seconds
 
     @property
+    def shared(self) -> dict[str, float]:
+        """The settings every gateway and worker of one fleet must share, by environment
+        variable: one process's leases are renewed, taken over, kept and told to trainers by
+        the others (a worker with a shorter lease took a longer-leased worker's delivering
+        rollout over after a Redis outage; a worker keeping results for less than the
+        gateways' polling lease deleted them before the trainer's next poll)."""
+        return {
+            "ROLLOUT_FLEET_LEASE_SECONDS": self.lease_seconds,
+            "ROLLOUT_FLEET_POLLING_LEASE_TIMEOUT_SECONDS": self.polling_lease_timeout_seconds,
+            "ROLLOUT_FLEET_RESULT_RETENTION_SECONDS": self.result_retention_seconds,
+            "ROLLOUT_FLEET_RECORD_TTL_SECONDS": self.record_ttl,
+            "ROLLOUT_FLEET_INFLIGHT_TTL_SECONDS": self.inflight_ttl_seconds,
+        }
+
+    @property
+    def shared_ttl(self) -> float:
+        """How long the fleet's shared settings outlive its last process: every worker
+        renews them with each heartbeat (a third of a lease), every gateway each sweep."""
+        return 3 * max(self.lease_seconds, self.sweep_interval_seconds)
+
+    @property
     def redis_dsn(self) -> str:
         return self.redis_url.get_secret_value()
 

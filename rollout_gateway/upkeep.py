@@ -1,4 +1,5 @@
-"""What gateways keep up in Redis while they run, besides answering requests.
+"""What gateways keep up in Redis while they run, besides answering requests: the fleet's
+shared settings (``rollout_core/durability.py``), and waiting rollouts.
 
 Admitted rollouts wait in Redis under a safety TTL (``ROLLOUT_FLEET_INFLIGHT_TTL_SECONDS``)
 that is renewed while they wait (``prune.lua``). Workers' sweepers renew it; so do gateways,
@@ -19,11 +20,12 @@ TURN = "gateway-prune"
 
 
 async def keep_waiting_rollouts(store: RecordStore, settings: FleetSettings) -> None:
-    """Renew waiting rollouts' TTL once per sweep interval, one gateway per turn, until
-    cancelled; Redis trouble skips a turn."""
+    """Keep the shared settings alive, and renew waiting rollouts' TTL (one gateway per
+    turn), once per sweep interval until cancelled; Redis trouble skips a turn."""
     every = settings.sweep_interval_seconds
     while True:
         with contextlib.suppress(StoreError):
+            await store.keep_settings(settings.shared_ttl)
             if await store.take_turn(TURN, every):
                 await store.prune(settings.inflight_ttl_seconds)
         await asyncio.sleep(every)

@@ -432,6 +432,7 @@ class WorkerRuntime:
             sandboxes=sandboxes,
         )
         await self._on_loop.store.beat(beat, max(3, int(self.settings.lease_seconds)))
+        await self._on_loop.store.keep_settings(self.settings.shared_ttl)
         if self.consuming():
             await asyncio.to_thread(self._alive_file.touch)
 

@@ -169,6 +169,21 @@ class FleetState(StoreBase):
             _, _, owner, queue = await pipe.execute()
         return cast(str | None, owner) or self.keys.prefix, cast(str | None, queue) or self.queue
 
+    async def share_settings(self, settings: str, ttl_seconds: float) -> str:
+        """Store ``settings`` as the fleet's shared ones unless some are stored already;
+        what is stored. Either way they are kept ``ttl_seconds`` more."""
+        key = self.keys.shared_settings
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, settings, nx=True, px=ms(ttl_seconds))
+            pipe.get(key)
+            pipe.pexpire(key, ms(ttl_seconds))
+            _, stored, _ = await pipe.execute()
+        return cast(str | None, stored) or settings
+
+    async def keep_settings(self, ttl_seconds: float) -> None:
+        """A live process: the fleet's shared settings stay ``ttl_seconds`` more."""
+        await self._redis.pexpire(self.keys.shared_settings, ms(ttl_seconds))
+
     async def registered_queues(self) -> dict[str, str]:
         """Every fleet's queue on this Redis database → its key prefix (the registrations
         :meth:`own_queue` writes)."""

@@ -340,6 +340,12 @@ class Keys:
         return self._named("key-canary")
 
     @property
+    def shared_settings(self) -> str:
+        """The settings every process of the fleet must agree on, as the live ones have them
+        (``rollout_core/durability.py``); it lapses a while after the last one stops."""
+        return self._named("settings")
+
+    @property
     def fleet_queue(self) -> str:
         """The queue this prefix's fleet uses (the first of its processes registered it)."""
         return self._named("queue")

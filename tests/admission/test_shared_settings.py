@@ -1,0 +1,56 @@
+"""Settings every process of one fleet must share (``FleetSettings.shared``): a gateway or
+worker whose values differ from the live fleet's refuses to start, in one line naming each
+setting, both values and the fix; once the whole fleet has stopped, new values start it over.
+Before: a worker with a 1 s lease beside 15 s ones took a delivering rollout over after a Redis
+outage (a second callback), and a worker keeping results 3 s beside a gateway promising a
+120 s polling lease deleted them before the trainer's next poll (404)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout_fleet.local import fleet_command
+from rollout_fleet.processes import free_port, wait_until
+from tests.conftest import StartFleet
+from tests.harness import assert_one_line, new_id, run_process
+
+FIX = (
+    "give every gateway and worker of one fleet the same values; to change them, stop the "
+    "whole fleet first (its values lapse three leases after its last process stops)"
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "setting", "value", "fleets"),
+    [
+        ("worker", "ROLLOUT_FLEET_LEASE_SECONDS", "1", "3"),
+        ("worker", "ROLLOUT_FLEET_RESULT_RETENTION_SECONDS", "200", "900"),
+        ("gateway", "ROLLOUT_FLEET_POLLING_LEASE_TIMEOUT_SECONDS", "600", "120"),
+    ],
+)
+def test_a_process_whose_shared_settings_differ_from_the_fleets_refuses_to_start(
+    start_fleet: StartFleet, command: str, setting: str, value: str, fleets: str
+) -> None:
+    handle = start_fleet(workers=1)
+    env = {**handle.fleet.process_env(), setting: value}
+    listen = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "gateway" else []
+    result = run_process(fleet_command(command, *listen), env)
+    key = handle.keys.shared_settings
+    said = f"{setting}={value} here, {fleets} in the fleet's running processes ({key}): {FIX}"
+    assert_one_line(result, f"refusing to start: {said}")
+
+
+def test_new_shared_settings_start_a_fleet_over_once_all_of_it_has_stopped(
+    start_fleet: StartFleet,
+) -> None:
+    handle = start_fleet(workers=1)
+    for process in handle.fleet.processes.values():
+        process.stop()
+    wait_until(lambda: not handle.redis.exists(handle.keys.shared_settings), 30, "lapse")
+    env = {**handle.fleet.process_env(), "ROLLOUT_FLEET_LEASE_SECONDS": "2"}
+    handle.fleet.start_gateway(env)
+    handle.fleet.start_worker(1, env)
+    wait_until(lambda: handle.fleet.readiness().workers == 1, 60, "the worker")
+    rollout_id = new_id("over")
+    assert handle.init(handle.body(rollout_id)).status_code == 202
+    assert [c["status"] for c in handle.wait_delivered([rollout_id])[rollout_id]] == ["COMPLETED"]
