@@ -4,10 +4,9 @@ ends with exactly one result.
 
 A scenario: start a :class:`ChaosFleet`, start a :class:`Trainer` offering rollouts, break
 something while they run, then :func:`audit`. It waits for the trainer, for every record to
-end, and then long enough for anything late to show (:meth:`Timings.settle`: a lease lapsing
-unseen, the sweepers' hold-off, a sweep taking the rollout over, and every attempt of the
-callback posted again), and checks (:func:`judge` says what it found, :func:`audit` asserts
-it):
+end, and then long enough for anything late to show (:attr:`Timings.settle`: a callback
+whose attempt was under way as its record ended), and checks (:func:`judge` says what it
+found, :func:`audit` asserts it):
 
 * v1: each admitted rollout got exactly one completion callback — or byte-identical repeats,
   each excused by a ``kill -9`` of its own in the first window RELIABILITY.md names: the
@@ -398,20 +397,14 @@ class Timings:
     @property
     def settle(self) -> float:
         """How long the audit waits, once every record ended and every v1 rollout was called
-        back, before it reads callbacks, polls and records: long enough for a takeover repeat
-        to arrive. The wait starts after every crash and every first callback, and a repeat
-        comes from a worker that died before recording the trainer's answer: its lease lapses
-        (a lease), the sweepers may hold off two leases more (after Redis was away), a sweep
-        finds it, and the worker taking the rollout over posts the stored result again — up
-        to every attempt of it (the first and the retries), each up to the client timeout,
-        with the SDK's back-off between them. Anything else late — a record changing — has
-        shown by then too."""
-        backoff = sum(
-            min(self.retry_base_delay * 2**attempt, self.retry_max_delay)
-            for attempt in range(self.callback_retries)
-        )
-        attempts = (self.callback_retries + 1) * self.client_timeout
-        return 3 * self.lease + self.sweep + attempts + backoff
+        back, before it reads callbacks, polls and records. A takeover (and the repeat it
+        posts) comes before its record ends: the record ends only once the taking-over
+        execution recorded the trainer's answer, and nothing takes an ended rollout over. So
+        what can still arrive is an attempt under way as the record ended — one whose lease
+        was checked just before its body went out (a stale execution's; the check refuses it
+        after): its body and the trainer's answer take at most the client timeout, and a
+        second more for the loop. A record does not change once ended."""
+        return self.client_timeout + 2 * REPEAT_SLACK
 
 
 def _setting(env: Mapping[str, str], model: Any, name: str) -> float:

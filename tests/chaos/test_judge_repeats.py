@@ -80,13 +80,8 @@ def test_each_repeat_is_excused_by_a_kill_around_the_callback_it_repeats() -> No
     assert judge_repeats(calls, arrivals, RECORDS, crashes, WINDOW) == (0, 2)
 
 
-def test_the_audit_waits_long_enough_for_a_takeover_repeat_under_the_chaos_timings() -> None:
-    """A worker killed before recording the trainer's answer: its lease lapses, the sweepers
-    may hold off two leases more (after Redis was away), a sweep hands the rollout over, and
-    its new holder posts the callback again, perhaps on its last attempt after the others
-    timed out."""
+def test_the_audit_waits_long_enough_for_an_attempt_under_way_as_its_record_ended() -> None:
+    """A callback attempt whose lease check passed just before its record ended (a stale
+    execution's) arrives within the client timeout; takeovers come before their record ends."""
     timings = Timings.of(CHAOS_ENV)
-    attempts = timings.callback_retries + 1
-    assert timings.settle >= timings.lease + timings.sweep + timings.client_timeout * attempts
-    held_off = 3 * timings.lease + timings.sweep + timings.client_timeout * (attempts - 1)
-    assert timings.settle > held_off
+    assert timings.settle > timings.client_timeout + 1
