@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 
-from rollout_core.settings import FleetSettings
+from rollout_core.settings import SHORT_RECORD_TTL, FleetSettings
 from rollout_core.store import RecordStore, StoreReplyError, StoreUnavailable
 from rollout_core.store.schema import RESERVED_NAMES, RESERVED_PREFIXES
 
@@ -206,6 +206,14 @@ async def start_checks(store: RecordStore, settings: FleetSettings, *, admits: b
     await refuse_data_loss(store, settings)
     await refuse_shared_queue(store)
     await refuse_mixed_settings(store, settings)
+    if settings.record_ttl < SHORT_RECORD_TTL:
+        logger.warning(
+            "ROLLOUT_FLEET_RECORD_TTL_SECONDS=%g: a finished rollout is forgotten that soon, so "
+            "a trainer retrying its admission later runs it again, called back under a new "
+            "Idempotency-Key (at least %g is the SDK's own bound)",
+            settings.record_ttl,
+            SHORT_RECORD_TTL,
+        )
     if admits:
         await refuse_too_few_replicas(store, settings)
 

@@ -36,7 +36,9 @@ REDIS_COMMAND_TIMEOUT_SECONDS = 3.0
 MIN_DURATION_SECONDS = 0.001
 MAX_DURATION_SECONDS = 365 * 86_400.0
 MIN_LEASE_SECONDS = 1.0
-MIN_RECORD_TTL = 60.0  # OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS's own lower bound
+# A record TTL under this is warned about (OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS's own
+# lower bound): a trainer retrying an admission after it runs the rollout again.
+SHORT_RECORD_TTL = 60.0
 
 
 def _duration(seconds: float, *, zero_allowed: bool) -> float:
@@ -337,17 +339,6 @@ class FleetSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _record_ttl_keeps_duplicates_away(self) -> Self:
-        if self.record_ttl_seconds is not None and self.record_ttl_seconds < MIN_RECORD_TTL:
-            raise ValueError(
-                f"record_ttl_seconds must be at least {MIN_RECORD_TTL:g} (as "
-                "OSMOSIS_ROLLOUT_SERVER_RECORD_TTL_SECONDS): a trainer retrying an admission "
-                "after its record expired starts the rollout again, with a second callback "
-                "under a new Idempotency-Key"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _long_poll_within_lease(self) -> Self:
         if self.result_wait_timeout_seconds >= self.polling_lease_timeout_seconds:
             raise ValueError(
@@ -405,4 +396,4 @@ class FleetSettings(BaseSettings):
         return self.redis_url.get_secret_value()
 
 
-__all__ = ["FleetSettings"]
+__all__ = ["SHORT_RECORD_TTL", "FleetSettings"]

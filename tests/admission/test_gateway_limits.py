@@ -32,7 +32,6 @@ from tests.harness import SCRIPTED_V2_AGENT, new_id, script
         ("LEASE_SECONDS", "0.3", "lease_seconds must be at least 1"),
         ("ADMISSION_REPLICA_TIMEOUT_SECONDS", "5", "less than or equal to 2"),
         ("INFLIGHT_TTL_SECONDS", "16", "at least 4 x sweep_interval_seconds"),
-        ("RECORD_TTL_SECONDS", "0.5", "record_ttl_seconds must be at least 60"),
         ("QUEUE", "unacked", "is a key Celery or the fleet keeps other data under"),
         ("QUEUE", "_kombu.binding.rollouts", "is a key Celery or the fleet keeps other data"),
         ("QUEUE", "rf:leases", "lies among the keys of the fleet with key prefix 'rf'"),
@@ -48,9 +47,8 @@ def test_a_setting_that_breaks_the_fleet_refuses_to_start(
     store's budget was spent (a 503 after ≈ 10 s, not after the wait); all started without a
     word. Durations: under 1 ms passed ``gt=0`` and became 0 ms in Redis (a 0.0004 s retention
     deleted each result as it was written), and ``inf``/``nan`` were taken as a lease, a drain
-    fence or a TTL. An in-flight TTL under four sweeps let waiting rollouts expire; a record
-    TTL under a minute let a retried admission run again, called back under a new key; a
-    queue named like a key holding other data failed scripts halfway."""
+    fence or a TTL. An in-flight TTL under four sweeps let waiting rollouts expire; a queue
+    named like a key holding other data failed scripts halfway."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
     env |= {
         "REDIS_URL": f"redis://:planted-pw@127.0.0.1:{redis_server.port}/950",

@@ -87,6 +87,8 @@ def test_an_id_admitted_again_after_its_record_expired_gets_a_new_idempotency_ke
         keys = [header(c, "Idempotency-Key") for c in handle.trainer.calls("completed", rollout_id)]
     assert len(keys) == 2, keys
     assert keys[0] != keys[1]
+    warning = "ROLLOUT_FLEET_RECORD_TTL_SECONDS=2: a finished rollout is forgotten that soon"
+    assert warning in handle.logs(tail=1_000_000)  # a TTL that short is said at start
 
 
 @pytest.mark.parametrize(
