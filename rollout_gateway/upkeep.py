@@ -2,9 +2,9 @@
 shared settings (``rollout_core/durability.py``), and waiting rollouts.
 
 Admitted rollouts wait in Redis under a safety TTL (``ROLLOUT_FLEET_INFLIGHT_TTL_SECONDS``)
-that is renewed while they wait (``prune.lua``). Workers' sweepers renew it; so do gateways,
-one at a time (a turn per sweep interval): a fleet whose workers are all down or refusing to
-start (a wrong key, a bad agent) for longer than the TTL must not lose what it admitted
+that is renewed while they wait (``prune.lua``). Workers' sweepers renew it; so does every
+gateway once per sweep interval (the script is safe from any number of callers): a fleet whose
+workers are all down or refusing to start (a wrong key, a bad agent) for longer than the TTL must not lose what it admitted
 meanwhile, with no result and no error anywhere.
 """
 
@@ -16,18 +16,15 @@ import contextlib
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore, StoreError
 
-TURN = "gateway-prune"
-
 
 async def keep_waiting_rollouts(store: RecordStore, settings: FleetSettings) -> None:
-    """Keep the shared settings alive, and renew waiting rollouts' TTL (one gateway per
-    turn), once per sweep interval until cancelled; Redis trouble skips a turn."""
+    """Keep the shared settings alive and renew waiting rollouts' TTL, once per sweep
+    interval until cancelled; Redis trouble skips a turn."""
     every = settings.sweep_interval_seconds
     while True:
         with contextlib.suppress(StoreError):
             await store.keep_settings(settings.shared_ttl)
-            if await store.take_turn(TURN, every):
-                await store.prune(settings.inflight_ttl_seconds)
+            await store.prune(settings.inflight_ttl_seconds)
         await asyncio.sleep(every)
 
 

@@ -169,6 +169,12 @@ class FleetState(StoreBase):
             _, _, owner, queue = await pipe.execute()
         return cast(str | None, owner) or self.keys.prefix, cast(str | None, queue) or self.queue
 
+    async def prune(self, inflight_ttl_seconds: float, batch: int = 1000) -> None:
+        """Drop the index entries of records whose TTL ran out; renew the TTL of up to
+        ``batch`` rollouts that have waited half of it (a backlog must not expire). Workers
+        and gateways both do it (with no worker running, gateways keep what waits alive)."""
+        await self._run(Script.PRUNE, [], [ms(inflight_ttl_seconds), batch])
+
     async def share_settings(self, settings: str, ttl_seconds: float) -> str:
         """Store ``settings`` as the fleet's shared ones unless some are stored already;
         what is stored. Either way they are kept ``ttl_seconds`` more."""

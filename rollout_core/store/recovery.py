@@ -207,10 +207,5 @@ class Recovery(StoreBase):
         expired = await self._pipelined(fill)
         return sum(map(replies.flag, expired))
 
-    async def prune(self, inflight_ttl_seconds: float, batch: int = 1000) -> None:
-        """Drop the index entries of records whose TTL ran out; renew the TTL of up to
-        ``batch`` rollouts that have waited half of it (a backlog must not expire)."""
-        await self._run(Script.PRUNE, [], [ms(inflight_ttl_seconds), batch])
-
 
 __all__ = ["Recovery"]
