@@ -4,8 +4,8 @@ shared settings (``rollout_core/durability.py``), and waiting rollouts.
 Admitted rollouts wait in Redis under a safety TTL (``ROLLOUT_FLEET_INFLIGHT_TTL_SECONDS``)
 that is renewed while they wait (``prune.lua``). Workers' sweepers renew it; so does every
 gateway once per sweep interval (the script is safe from any number of callers): a fleet whose
-workers are all down or refusing to start (a wrong key, a bad agent) for longer than the TTL must not lose what it admitted
-meanwhile, with no result and no error anywhere.
+workers are all down or refusing to start (a wrong key, a bad agent) for longer than the TTL
+must not lose what it admitted meanwhile, with no result and no error anywhere.
 """
 
 from __future__ import annotations
