@@ -6,6 +6,7 @@ Used by ``rollout-fleet up`` and by the test suite, which runs the fleet's real 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,12 +16,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+_PICKER = random.SystemRandom()
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PICKED = 10000
 
-def free_port() -> int:
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port a server can listen on now, picked below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` comes from the same range as the source ports
+    of outgoing connections, so between picking it and a child binding it, any connection the
+    machine opens may take it. Ports below that range are only ever taken by a listener.
+    """
+    try:
+        ephemeral_low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    if ephemeral_low > _LOWEST_PICKED + 1000:
+        for _ in range(200):
+            port = _PICKER.randrange(_LOWEST_PICKED, ephemeral_low)
+            if port_free(port, host):
+                return port
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        sock.bind((host, 0))
+        picked: int = sock.getsockname()[1]
+        return picked
 
 
 def wait_until(

@@ -234,9 +234,7 @@ class Trainer:
     port: int = field(init=False)
 
     def __post_init__(self) -> None:
-        with socket.socket() as probe:
-            probe.bind((self.address, 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port(self.address)
         argv = [sys.executable, "-m", "rollout_fleet", "mock-trainer"]
         argv += ["--host", self.address, "--port", str(self.port), "--responder", "calculator"]
         with self.log.open("ab") as log:

@@ -268,9 +268,7 @@ def metadata_address() -> Iterator[str]:
 
 def listening(host: str) -> tuple[subprocess.Popen[bytes], int]:
     """An HTTP server on ``host`` (standing for any service there); its port."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port = int(probe.getsockname()[1])
+    port = free_port(host)
     argv = [sys.executable, "-m", "http.server", str(port), "--bind", host]
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
