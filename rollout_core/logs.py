@@ -61,6 +61,26 @@ class RolloutIdFilter(logging.Filter):
         return True
 
 
+# C0 and C1 controls, DEL and the Unicode line breaks: text a rollout id or an agent's
+# message may carry that would end a line or move a terminal's cursor.
+_CONTROLS = {
+    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    for code in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+}
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, one line per record whatever its message and rollout id hold: their
+    control characters are shown escaped (``\\x0a``), so an admitted id cannot forge a line or
+    drive the reader's terminal. A traceback still follows on its own lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        shown = logging.makeLogRecord(record.__dict__)
+        shown.message = record.message.translate(_CONTROLS)
+        shown.rollout = str(getattr(record, "rollout", "")).translate(_CONTROLS)
+        return super().formatMessage(shown)
+
+
 def log_config(level: str, log_format: LogFormat) -> dict[str, Any]:
     """One configuration for the root logger and uvicorn's; httpx's line per request only
     at debug (a line per LLM call is noise, and CPU, at fleet rates)."""
@@ -71,7 +91,7 @@ def log_config(level: str, log_format: LogFormat) -> dict[str, Any]:
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         }
         if log_format == "json"
-        else {"format": TEXT_FORMAT}
+        else {"()": TextFormatter, "format": TEXT_FORMAT}
     )
     level = level.upper()
     return {
@@ -109,6 +129,7 @@ def configure(level: str, log_format: LogFormat) -> None:
 __all__ = [
     "LogFormat",
     "RolloutIdFilter",
+    "TextFormatter",
     "about",
     "begin",
     "configure",

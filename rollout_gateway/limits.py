@@ -18,6 +18,7 @@ connect to (a name is only checked there, as it resolves).
 from __future__ import annotations
 
 import ipaddress
+import re
 import signal
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -41,7 +42,23 @@ def _origin_and_path(url: httpx.URL) -> tuple[str, str, int | None, str]:
     return url.scheme, url.host.lower(), port, url.path.rstrip("/")
 
 
+# A dot, slash or backslash still percent-encoded once httpx decoded the path: a server that
+# decodes again (or a proxy before it) sees a segment the allow-list did not.
+_ENCODED_AGAIN = re.compile(r"%(2e|2f|5c)", re.IGNORECASE)
+
+
+def _leaves_its_prefix(path: str) -> bool:
+    """Whether a server could read ``path`` (decoded once) as outside where it appears to be:
+    a ``.``/``..`` segment, also behind a path parameter (``..;/``, read as ``..`` by
+    servlet containers), a backslash, or an encoding left after decoding."""
+    for segment in path.split("/"):
+        if segment.split(";", 1)[0] in (".", "..") or "\\" in segment:
+            return True
+    return bool(_ENCODED_AGAIN.search(path))
+
+
 def is_under(url: str, prefix: str) -> bool:
+    """Whether ``url`` is ``prefix`` or below it, however the server at it reads the path."""
     try:
         scheme, host, port, path = _origin_and_path(httpx.URL(url))
     except (httpx.InvalidURL, ValueError):
@@ -50,7 +67,7 @@ def is_under(url: str, prefix: str) -> bool:
     return (
         (scheme, host, port) == (allowed_scheme, allowed_host, allowed_port)
         and (path == allowed_path or path.startswith(f"{allowed_path}/"))
-        and ".." not in path.split("/")
+        and not _leaves_its_prefix(path)
     )
 
 

@@ -291,3 +291,36 @@ def test_a_v2_agent_error_quoting_the_llm_key_is_stored_polled_and_logged_withou
     )
     assert "Traceback" in worker_logs
     assert "sk-live-V2LEAK" not in worker_logs
+
+
+@pytest.mark.parametrize("missing", ["server_url", "completion_params"])
+def test_a_v1_body_missing_a_field_is_422_without_echoing_keys_or_url_credentials(
+    fleet: FleetUnderTest, missing: str
+) -> None:
+    """A missing field's error shows the whole body: its keys, at any depth, are redacted and
+    its URLs lose their credentials (the tool server's too)."""
+    body = fleet.body(api_key="sk-live-MISSING")
+    body["tool_server_url"] = "http://tools:TOOLPASSWORD@127.0.0.1:9/tools"
+    body["metadata"] = {"nested": {"api_key": "sk-live-NESTED"}}
+    del body[missing]
+    refused = fleet.init(body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["loc"] == ["body", missing]
+    for secret in ("sk-live-MISSING", "TOOLPASSWORD", "sk-live-NESTED"):
+        assert secret not in refused.text
+    assert "<redacted>" in refused.text
+    assert "//***@127.0.0.1:9/tools" in refused.text
+    assert no_record(fleet, body["rollout_id"])
+
+
+def test_a_v2_body_missing_its_llm_url_is_422_without_echoing_the_llm_key(
+    v2_one: V2FleetUnderTest,
+) -> None:
+    body = v2_one.body(llm_api_key="sk-live-V2MISSING")
+    del body["chat_completions_url"]
+    refused = v2_one.admit(body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["loc"] == ["body", "chat_completions_url"]
+    assert "sk-live-V2MISSING" not in refused.text
+    assert "<redacted>" in refused.text
+    assert v2_one.redis.exists(v2_one.record_key(body["rollout_id"])) == 0

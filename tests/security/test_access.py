@@ -77,6 +77,11 @@ OUTSIDE = [
     "http://127.0.0.1:1/",  # the right host, another port
     "http://trainer.example:9000/gateway",  # not under /gate
     "http://trainer.example:9000/gate/../admin",
+    # read as "/admin" by servers that take ";" as a path parameter or decode twice
+    "http://trainer.example:9000/gate/..;/admin",
+    "http://trainer.example:9000/gate/%252e%252e/admin",
+    "http://trainer.example:9000/gate/%2e%2e/admin",
+    "http://trainer.example:9000/gate/..%5cadmin",
     "https://trainer.example:9000/gate",
 ]
 # Refused whatever the list says, with their own reason.

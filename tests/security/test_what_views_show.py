@@ -69,6 +69,20 @@ def test_hostile_ids_are_printed_as_data_by_the_cli(handle: FleetUnderTest) -> N
     assert "no rollout" in missing.stdout
 
 
+def test_an_id_with_line_breaks_and_escapes_stays_on_one_log_line(handle: FleetUnderTest) -> None:
+    """An id carrying a line feed, a Unicode line separator and ESC cannot forge a log line or
+    reach the reader's terminal raw: the text format shows them escaped."""
+    suffix = new_id()
+    forged = f"2026-11-26 23:05:00,000 CRITICAL rollout_worker.runtime: FORGED-{suffix}"
+    rollout_id = f"inj-{suffix}\n{forged}\u2028\x1b[2J"
+    admitted(handle, rollout_id)
+    logs = "\n".join(process.output() for process in handle.fleet.processes.values())
+    assert f"inj-{suffix}\\x0a{forged}\\u2028\\x1b[2J" in logs
+    assert not [line for line in logs.splitlines() if line.startswith(forged)]
+    assert "\x1b" not in logs
+    assert "\u2028" not in logs
+
+
 @pytest.mark.parametrize(
     ("userinfo", "broken", "says"),
     [

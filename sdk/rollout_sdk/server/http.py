@@ -45,12 +45,17 @@ def _json_safe(value: Any) -> Any:
 
 
 _SECRET_FIELDS = frozenset({"api_key", "llm_api_key"})
-_URL_FIELDS = frozenset({"server_url", "chat_completions_url"})
 # "scheme://user:password@" (up to the last "@" before the path): the part a URL's echo drops.
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@")
 # A string input longer than this is not echoed (a 3 MB rollout id came back whole): the
 # message says what is wrong with it.
 ECHO_LIMIT = 1024
+
+
+def _is_url_field(field: str) -> bool:
+    """``server_url``, ``tool_server_url``, ``chat_completions_url``: any field named for a URL,
+    which may carry a user and password."""
+    return field.lower().endswith("url")
 
 
 def _without_credentials(url: Any) -> Any:
@@ -62,24 +67,27 @@ def _without_credentials(url: Any) -> Any:
 
 
 def _shown(field: str, value: Any) -> Any:
+    """``value`` of ``field`` as a 422 may echo it: keys redacted, URLs without credentials,
+    at any depth (a missing field's error shows the whole body)."""
     if field in _SECRET_FIELDS:
         return "<redacted>"
-    return _without_credentials(value) if field in _URL_FIELDS else value
+    if isinstance(value, dict):
+        return {key: _shown(str(key), item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shown(field, item) for item in value]
+    return _without_credentials(value) if _is_url_field(field) else value
 
 
 def _without_secrets(error: dict[str, Any]) -> dict[str, Any]:
     """A 422 names a bad key's field, never echoes a key or a URL's credentials (the input it
     shows may be the whole body), nor a long string."""
     long_text = isinstance(error.get("input"), str) and len(error["input"]) > ECHO_LIMIT
-    loc = {str(part) for part in error.get("loc", ())}
+    loc = [str(part) for part in error.get("loc", ())]
     if long_text or _SECRET_FIELDS.intersection(loc):
         return {name: value for name, value in error.items() if name not in ("input", "ctx")}
-    if _URL_FIELDS.intersection(loc):
-        return {**error, "input": _without_credentials(error.get("input"))}
-    if isinstance(error.get("input"), dict):
-        shown = {k: _shown(str(k), v) for k, v in error["input"].items()}
-        return {**error, "input": shown}
-    return error
+    if "input" not in error:
+        return error
+    return {**error, "input": _shown(loc[-1] if loc else "", error["input"])}
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
