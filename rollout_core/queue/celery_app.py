@@ -45,6 +45,12 @@ app.conf.update(
     accept_content=["json"],
     result_accept_content=["json"],
     task_default_queue=settings.queue,
+    # Remote control (ping, revoke, shutdown) and task events go over exchanges named for the
+    # fleet: Redis's pub/sub spans databases' names, so fleets sharing one would otherwise see,
+    # revoke and shut down each other's workers, Flower included.
+    control_exchange=f"{settings.key_prefix}.celery",
+    event_exchange=f"{settings.key_prefix}.celeryev",
+    event_queue_prefix=f"{settings.key_prefix}.celeryev",
     task_send_sent_event=False,
     # Workers take their messages themselves (rollout_worker/intake.py); Celery's pool only
     # carries --concurrency, the slots the intake fills.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 import httpx
@@ -171,5 +172,60 @@ def test_a_sweeper_puts_back_its_own_fleets_taken_messages_and_leaves_another_fl
         assert fleet_b.redis.hexists(UNACKED, "tag-b")
         assert fleet_b.record(in_b)["status"] == "queued"
         assert fleet_b.redis.llen("qa") == 0
+    finally:
+        fleet_a.stop()
+
+
+CONTROL = """
+import json, sys
+from rollout_core.queue.celery_app import app
+seen = sorted(app.control.inspect(timeout=3).ping() or {})
+if sys.argv[1] == "shutdown":
+    app.control.broadcast("shutdown")
+print(json.dumps(seen))
+"""
+
+
+def control(env: dict[str, str], action: str) -> list[str]:
+    """The workers a Celery client with ``env`` sees answer a ping (after a shutdown broadcast
+    to every worker it can reach, with ``action`` "shutdown")."""
+    argv = [sys.executable, "-c", CONTROL, action]
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    seen: list[str] = json.loads(run.stdout)
+    return seen
+
+
+def test_fleets_sharing_a_redis_database_neither_see_nor_control_each_others_workers(
+    start_fleet: StartFleet,
+) -> None:
+    """Celery remote control and events of two fleets on one Redis database (their own prefixes
+    and queues) stay in each fleet: a ping sees its own workers only, and a shutdown broadcast
+    to all reaches no other fleet's. Before: fleet A's client (and Flower) listed, revoked and
+    shut down fleet B's workers."""
+    fleet_b = start_fleet(
+        workers=1, env={"ROLLOUT_FLEET_KEY_PREFIX": "fb", "ROLLOUT_FLEET_QUEUE": "qb"}
+    )
+    env = {"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": "qa"}
+    fleet_a = LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=fleet_b.fleet.redis_url,
+        workers=1,
+        env={**TEST_ENV, **env},
+        log_dir=fleet_b.fleet.log_dir / "fleet-a",
+    ).start()
+    try:
+        seen_by_b = control(fleet_b.fleet.process_env(), "ping")
+        seen_by_a = control(fleet_a.process_env(), "shutdown")
+        assert len(seen_by_a) == len(seen_by_b) == 1, (seen_by_a, seen_by_b)
+        (worker_a,) = [p for name, p in fleet_a.processes.items() if "worker" in name]
+        wait_until(lambda: not worker_a.alive(), 30, "fleet A's worker to obey its own shutdown")
+        time.sleep(2)
+        assert all(p.alive() for p in fleet_b.fleet.processes.values())
+        assert control(fleet_b.fleet.process_env(), "ping") == seen_by_b
+        in_b = new_id("fleet-b")
+        assert fleet_b.init(fleet_b.body(in_b)).status_code == 202
+        (callback,) = fleet_b.wait_delivered([in_b], timeout=30)[in_b]
+        assert callback["status"] == "COMPLETED"
     finally:
         fleet_a.stop()
