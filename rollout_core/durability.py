@@ -176,28 +176,57 @@ class MixedSettings(StartRefused):
     """This process's shared settings differ from the ones the fleet's live processes have."""
 
 
-async def refuse_mixed_settings(store: RecordStore, settings: FleetSettings) -> None:
-    """Raise :class:`MixedSettings` unless this process's :attr:`FleetSettings.shared` are
-    the ones the fleet's live processes have (stored by the first of them; kept while any
-    lives)."""
+async def settings_differences(store: RecordStore, settings: FleetSettings) -> list[str]:
+    """How this process's :attr:`FleetSettings.shared` differ from the fleet's, one line per
+    setting; storing them as the fleet's, and keeping them, if none are stored (the first
+    process, or the key lapsed while Redis was away)."""
     ours = settings.shared
-    try:
-        stored = await store.share_settings(json.dumps(ours, sort_keys=True), settings.shared_ttl)
-    except StoreUnavailable as exc:
-        logger.warning("Redis did not answer the shared-settings check at start: %r", exc)
-        return
+    stored = await store.share_settings(json.dumps(ours, sort_keys=True), settings.shared_ttl)
     theirs = json.loads(stored)
-    differ = [
+    return [
         f"{name}={value:g} here, {theirs[name]:g} in the fleet's running processes"
         for name, value in ours.items()
         if name in theirs and theirs[name] != value
     ]
+
+
+async def refuse_mixed_settings(store: RecordStore, settings: FleetSettings) -> None:
+    """Raise :class:`MixedSettings` unless this process's :attr:`FleetSettings.shared` are
+    the ones the fleet's live processes have (stored by the first of them; kept while any
+    lives)."""
+    try:
+        differ = await settings_differences(store, settings)
+    except StoreUnavailable as exc:
+        logger.warning("Redis did not answer the shared-settings check at start: %r", exc)
+        return
     if differ:
         raise MixedSettings(
             f"refusing to start: {'; '.join(differ)} ({store.keys.shared_settings}): give every "
             "gateway and worker of one fleet the same values; to change them, stop the whole "
             "fleet first (its values lapse three leases after its last process stops)"
         )
+
+
+class SettingsKeeper:
+    """A running process keeps the fleet's shared settings stored (stores them again if they
+    lapsed, as they do when Redis is away longer than their TTL) and says, once per change,
+    if the stored ones are not its own: a process that started while they had lapsed."""
+
+    def __init__(self, store: RecordStore, settings: FleetSettings) -> None:
+        self._store, self._settings = store, settings
+        self._told: list[str] = []
+
+    async def keep(self) -> None:
+        differ = await settings_differences(self._store, self._settings)
+        if differ and differ != self._told:
+            logger.error(
+                "the fleet's shared settings are not this process's: %s (%s). A process "
+                "started with other values while they had lapsed; restart it with this "
+                "fleet's values",
+                "; ".join(differ),
+                self._store.keys.shared_settings,
+            )
+        self._told = differ
 
 
 async def start_checks(store: RecordStore, settings: FleetSettings, *, admits: bool) -> None:
@@ -248,6 +277,7 @@ __all__ = [
     "MixedSettings",
     "RedisLosesData",
     "RedisWatch",
+    "SettingsKeeper",
     "SharedQueue",
     "StartRefused",
     "TooFewReplicas",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from rollout_core.durability import SettingsKeeper
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore, StoreError
 
@@ -21,9 +22,10 @@ async def keep_waiting_rollouts(store: RecordStore, settings: FleetSettings) -> 
     """Keep the shared settings alive and renew waiting rollouts' TTL, once per sweep
     interval until cancelled; Redis trouble skips a turn."""
     every = settings.sweep_interval_seconds
+    keeper = SettingsKeeper(store, settings)
     while True:
         with contextlib.suppress(StoreError):
-            await store.keep_settings(settings.shared_ttl)
+            await keeper.keep()
             await store.prune(settings.inflight_ttl_seconds)
         await asyncio.sleep(every)
 

@@ -28,7 +28,7 @@ from wsgiref.simple_server import WSGIServer
 from celery import Celery
 from celery.worker import state as worker_state
 
-from rollout_core.durability import RedisWatch, start_checks
+from rollout_core.durability import RedisWatch, SettingsKeeper, start_checks
 from rollout_core.polling_clock import PollingClock
 from rollout_core.protocols import cancelled_result
 from rollout_core.queue.envelope import task_message
@@ -218,6 +218,7 @@ class WorkerRuntime:
             _OnLoop.open(settings, app, agent, concurrency, self.name, self._cancel_unstarted)
         )
         self._redis_watch = RedisWatch(self._on_loop.store, settings)
+        self._settings_keeper = SettingsKeeper(self._on_loop.store, settings)
         self._watchdog = LoopWatchdog(
             self._loop.loop,
             self._loop.thread,
@@ -432,7 +433,7 @@ class WorkerRuntime:
             sandboxes=sandboxes,
         )
         await self._on_loop.store.beat(beat, max(3, int(self.settings.lease_seconds)))
-        await self._on_loop.store.keep_settings(self.settings.shared_ttl)
+        await self._settings_keeper.keep()
         if self.consuming():
             await asyncio.to_thread(self._alive_file.touch)
 

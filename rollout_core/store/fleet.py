@@ -186,10 +186,6 @@ class FleetState(StoreBase):
             _, stored, _ = await pipe.execute()
         return cast(str | None, stored) or settings
 
-    async def keep_settings(self, ttl_seconds: float) -> None:
-        """A live process: the fleet's shared settings stay ``ttl_seconds`` more."""
-        await self._redis.pexpire(self.keys.shared_settings, ms(ttl_seconds))
-
     async def registered_queues(self) -> dict[str, str]:
         """Every fleet's queue on this Redis database → its key prefix (the registrations
         :meth:`own_queue` writes)."""

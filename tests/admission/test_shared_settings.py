@@ -7,6 +7,8 @@ outage (a second callback), and a worker keeping results 3 s beside a gateway pr
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from rollout_fleet.local import fleet_command
@@ -54,3 +56,39 @@ def test_new_shared_settings_start_a_fleet_over_once_all_of_it_has_stopped(
     rollout_id = new_id("over")
     assert handle.init(handle.body(rollout_id)).status_code == 202
     assert [c["status"] for c in handle.wait_delivered([rollout_id])[rollout_id]] == ["COMPLETED"]
+
+
+def test_running_processes_store_the_settings_again_after_they_lapse_and_name_other_values(
+    start_fleet: StartFleet,
+) -> None:
+    """A Redis outage longer than the shared settings' TTL lets them lapse while the fleet runs.
+    Its live processes store them again at their next beat, so a process started after that
+    with other values is still refused; one that started while they had lapsed is named by
+    every live process, in one error line. Before: they only renewed the key's TTL, which does
+    nothing to a missing key, and any later process became the fleet's values."""
+    handle = start_fleet(workers=1)
+    key = handle.keys.shared_settings
+    stored = handle.redis.get(key)
+    assert stored
+    handle.redis.delete(key)  # as an outage past its TTL leaves it
+    wait_until(lambda: handle.redis.get(key) == stored, 30, "the settings stored again")
+    env = {**handle.fleet.process_env(), "ROLLOUT_FLEET_LEASE_SECONDS": "2"}
+    result = run_process(fleet_command("worker"), env)
+    said = f"ROLLOUT_FLEET_LEASE_SECONDS=2 here, 3 in the fleet's running processes ({key})"
+    assert_one_line(result, f"refusing to start: {said}: {FIX}")
+    other = stored.replace('_LEASE_SECONDS": 3.0', '_LEASE_SECONDS": 2.0')
+    assert other != stored, stored
+    handle.redis.delete(key)
+    handle.redis.set(key, other, px=60_000)  # a process that started in the lapse
+    said = (
+        f"the fleet's shared settings are not this process's: ROLLOUT_FLEET_LEASE_SECONDS=3 "
+        f"here, 2 in the fleet's running processes ({key})"
+    )
+
+    def told_by_all() -> bool:
+        outputs = [process.output() for process in handle.fleet.processes.values()]
+        return all(output.count(said) == 1 for output in outputs)
+
+    wait_until(told_by_all, 30, "every process to name the other values")
+    time.sleep(3)  # more beats: still one line each
+    assert told_by_all()

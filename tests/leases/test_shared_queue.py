@@ -18,7 +18,7 @@ from rollout_core.store.schema import UNACKED, UNACKED_INDEX, Keys
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import free_port, wait_until
 from tests.conftest import TEST_ENV, StartFleet
-from tests.harness import SCRIPTED_AGENT, new_id
+from tests.harness import SCRIPTED_AGENT, FleetUnderTest, new_id
 
 QUEUE = "shared-queue"
 OWNER_KEY = f"_rollout_fleet.queue_owner.{QUEUE}"
@@ -44,6 +44,18 @@ def refusals_of_gateway_and_worker(redis_url: str, prefix: str, queue: str) -> l
         assert "Traceback" not in output
         outputs.append(output)
     return outputs
+
+
+def fleet_beside(fleet_b: FleetUnderTest, workers: int) -> LocalFleet:
+    """Fleet A (key prefix ``fa``, queue ``qa``), started on fleet B's Redis database."""
+    env = {"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": "qa"}
+    return LocalFleet(
+        agent=SCRIPTED_AGENT,
+        redis_url=fleet_b.fleet.redis_url,
+        workers=workers,
+        env={**TEST_ENV, **env},
+        log_dir=fleet_b.fleet.log_dir / "fleet-a",
+    ).start()
 
 
 def test_a_fleet_whose_queue_another_prefix_uses_refuses_to_start(start_fleet: StartFleet) -> None:
@@ -149,14 +161,7 @@ def test_a_sweeper_puts_back_its_own_fleets_taken_messages_and_leaves_another_fl
     in_b = new_id("fleet-b")
     assert fleet_b.init(fleet_b.body(in_b)).status_code == 202
     taken_and_lost(fleet_b.redis, "qb", "tag-b")
-    env = {"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": "qa"}
-    fleet_a = LocalFleet(
-        agent=SCRIPTED_AGENT,
-        redis_url=fleet_b.fleet.redis_url,
-        workers=0,
-        env={**TEST_ENV, **env},
-        log_dir=fleet_b.fleet.log_dir / "fleet-a",
-    ).start()
+    fleet_a = fleet_beside(fleet_b, workers=0)
     try:
         in_a = new_id("fleet-a")
         admitted = httpx.post(
@@ -206,14 +211,7 @@ def test_fleets_sharing_a_redis_database_neither_see_nor_control_each_others_wor
     fleet_b = start_fleet(
         workers=1, env={"ROLLOUT_FLEET_KEY_PREFIX": "fb", "ROLLOUT_FLEET_QUEUE": "qb"}
     )
-    env = {"ROLLOUT_FLEET_KEY_PREFIX": "fa", "ROLLOUT_FLEET_QUEUE": "qa"}
-    fleet_a = LocalFleet(
-        agent=SCRIPTED_AGENT,
-        redis_url=fleet_b.fleet.redis_url,
-        workers=1,
-        env={**TEST_ENV, **env},
-        log_dir=fleet_b.fleet.log_dir / "fleet-a",
-    ).start()
+    fleet_a = fleet_beside(fleet_b, workers=1)
     try:
         seen_by_b = control(fleet_b.fleet.process_env(), "ping")
         seen_by_a = control(fleet_a.process_env(), "shutdown")
