@@ -23,8 +23,11 @@ start, and a gateway's ``/ready`` fails if that changes while it runs.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+from dataclasses import dataclass
 
 from rollout_core.settings import SHORT_RECORD_TTL, FleetSettings
 from rollout_core.store import RecordStore, StoreReplyError, StoreUnavailable
@@ -176,65 +179,109 @@ class MixedSettings(StartRefused):
     """This process's shared settings differ from the ones the fleet's live processes have."""
 
 
-async def settings_differences(store: RecordStore, settings: FleetSettings) -> list[str]:
-    """How this process's :attr:`FleetSettings.shared` differ from the fleet's, one line per
-    setting; storing them as the fleet's, and keeping them, if none are stored (the first
-    process, or the key lapsed while Redis was away)."""
-    ours = settings.shared
-    stored = await store.share_settings(json.dumps(ours, sort_keys=True), settings.shared_ttl)
-    theirs = json.loads(stored)
-    return [
-        f"{name}={value:g} here, {theirs[name]:g} in the fleet's running processes"
-        for name, value in ours.items()
-        if name in theirs and theirs[name] != value
-    ]
+_GATEWAY_KEY_NOTE = b"rollout-fleet: the API key gateways require"
 
 
-async def refuse_mixed_settings(store: RecordStore, settings: FleetSettings) -> None:
-    """Raise :class:`MixedSettings` unless this process's :attr:`FleetSettings.shared` are
-    the ones the fleet's live processes have (stored by the first of them; kept while any
-    lives)."""
+def _api_key_print(settings: FleetSettings) -> str:
+    """What the gateways' API key is compared by: an HMAC keyed with it (nothing a reader of
+    Redis can use), or "" for none."""
+    if settings.api_key is None:
+        return ""
+    key = settings.api_key.get_secret_value().encode()
+    return hmac.new(key, _GATEWAY_KEY_NOTE, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What this process must agree on with the fleet's live ones, by the key it is kept
+    under: every process's :attr:`FleetSettings.shared` and agent (a worker serving another
+    agent ran rollouts admitted with this one's tools); every gateway's API key (a replica
+    with another key, or none, admitted what the others refuse)."""
+
+    parts: tuple[tuple[str, dict[str, float | str]], ...]
+
+    @classmethod
+    def of(
+        cls, store: RecordStore, settings: FleetSettings, agent: str, *, admits: bool
+    ) -> Agreement:
+        every: dict[str, float | str] = {**settings.shared, "AGENT": agent}
+        parts = [(store.keys.shared_settings, every)]
+        if admits:
+            parts.append((store.keys.gateway_settings, {API_KEY: _api_key_print(settings)}))
+        return cls(tuple(parts))
+
+    async def differences(self, store: RecordStore, ttl_seconds: float) -> list[str]:
+        """How this process differs from the fleet, one line per value; storing its values
+        as the fleet's, and keeping them, where none are stored (the first process, or they
+        lapsed while Redis was away)."""
+        differ = []
+        for key, ours in self.parts:
+            stored = await store.share_settings(key, json.dumps(ours, sort_keys=True), ttl_seconds)
+            theirs = json.loads(stored)
+            differ += [
+                _difference(name, value, theirs[name], key)
+                for name, value in ours.items()
+                if name in theirs and theirs[name] != value
+            ]
+        return differ
+
+
+API_KEY = "ROLLOUT_FLEET_API_KEY"
+
+
+def _difference(name: str, ours: float | str, theirs: float | str, key: str) -> str:
+    if name == API_KEY:
+        return f"{name} is not the one the fleet's running gateways require ({key})"
+    shown = [f"{value:g}" if isinstance(value, float) else repr(value) for value in (ours, theirs)]
+    return f"{name}={shown[0]} here, {shown[1]} in the fleet's running processes ({key})"
+
+
+async def refuse_mixed_settings(
+    store: RecordStore, settings: FleetSettings, agreement: Agreement
+) -> None:
+    """Raise :class:`MixedSettings` unless this process agrees with the fleet's live ones
+    (:class:`Agreement`: values stored by the first of them, kept while any lives)."""
     try:
-        differ = await settings_differences(store, settings)
+        differ = await agreement.differences(store, settings.shared_ttl)
     except StoreUnavailable as exc:
         logger.warning("Redis did not answer the shared-settings check at start: %r", exc)
         return
     if differ:
         raise MixedSettings(
-            f"refusing to start: {'; '.join(differ)} ({store.keys.shared_settings}): give every "
-            "gateway and worker of one fleet the same values; to change them, stop the whole "
-            "fleet first (its values lapse three leases after its last process stops)"
+            f"refusing to start: {'; '.join(differ)}: give every gateway and worker of one "
+            "fleet the same values; to change them, stop the whole fleet first (its values "
+            "lapse three leases after its last process stops)"
         )
 
 
 class SettingsKeeper:
-    """A running process keeps the fleet's shared settings stored (stores them again if they
-    lapsed, as they do when Redis is away longer than their TTL) and says, once per change,
-    if the stored ones are not its own: a process that started while they had lapsed."""
+    """A running process keeps what the fleet agrees on stored (stores it again if it
+    lapsed, as it does when Redis is away longer than its TTL) and says, once per change,
+    if the stored values are not its own: a process that started while they had lapsed."""
 
-    def __init__(self, store: RecordStore, settings: FleetSettings) -> None:
-        self._store, self._settings = store, settings
+    def __init__(self, store: RecordStore, settings: FleetSettings, agreement: Agreement) -> None:
+        self._store, self._ttl, self._agreement = store, settings.shared_ttl, agreement
         self._told: list[str] = []
 
     async def keep(self) -> None:
-        differ = await settings_differences(self._store, self._settings)
+        differ = await self._agreement.differences(self._store, self._ttl)
         if differ and differ != self._told:
             logger.error(
-                "the fleet's shared settings are not this process's: %s (%s). A process "
-                "started with other values while they had lapsed; restart it with this "
-                "fleet's values",
+                "the fleet's shared settings are not this process's: %s. A process started "
+                "with other values while they had lapsed; restart it with this fleet's values",
                 "; ".join(differ),
-                self._store.keys.shared_settings,
             )
         self._told = differ
 
 
-async def start_checks(store: RecordStore, settings: FleetSettings, *, admits: bool) -> None:
+async def start_checks(
+    store: RecordStore, settings: FleetSettings, agreement: Agreement, *, admits: bool
+) -> None:
     """Every check a process makes of Redis before it serves (:class:`StartRefused` if one
     fails); ``admits``: a gateway, which also needs the replicas admissions wait for."""
     await refuse_data_loss(store, settings)
     await refuse_shared_queue(store)
-    await refuse_mixed_settings(store, settings)
+    await refuse_mixed_settings(store, settings, agreement)
     if settings.record_ttl < SHORT_RECORD_TTL:
         logger.warning(
             "ROLLOUT_FLEET_RECORD_TTL_SECONDS=%g: a finished rollout is forgotten that soon, so "
@@ -273,7 +320,9 @@ class RedisWatch:
 
 
 __all__ = [
+    "API_KEY",
     "OVERRIDE",
+    "Agreement",
     "MixedSettings",
     "RedisLosesData",
     "RedisWatch",

@@ -172,10 +172,10 @@ def gateway(
     refusal = open_bind_refusal(host, settings.api_key is not None, settings.insecure_open_gateway)
     if refusal is not None:
         refuse(refusal)
-    refuse_unsafe_redis(settings, admits=True, must_answer=False)
     # Here, not in uvicorn: a factory that raises is a traceback there (and with --workers,
     # restarted for ever). The app loads it again from the import cache.
-    load_agent_or_exit(settings.agent)
+    agent = load_agent_or_exit(settings.agent)
+    refuse_unsafe_redis(settings, agent.name, admits=True, must_answer=False)
     if workers > 1 and MULTIPROC_ENV not in os.environ:
         # Processes sharing the port share their metrics: any of them answers a scrape.
         os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollout-gateway-metrics-")
@@ -214,8 +214,8 @@ def worker(
     from rollout_core.queue.celery_app import settings
     from rollout_worker.celery_worker import run_worker
 
-    refuse_unsafe_redis(settings, admits=False, must_answer=False)
-    load_agent_or_exit(settings.agent)  # before Celery starts: one line, at once
+    agent = load_agent_or_exit(settings.agent)  # before Celery starts: one line, at once
+    refuse_unsafe_redis(settings, agent.name, admits=False, must_answer=False)
 
     run_worker(
         [

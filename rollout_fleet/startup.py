@@ -101,16 +101,19 @@ def redis_location(url: str) -> str:
     return url.rsplit("@", maxsplit=1)[-1]
 
 
-def refuse_unsafe_redis(settings: FleetSettings, *, admits: bool, must_answer: bool) -> None:
+def refuse_unsafe_redis(
+    settings: FleetSettings, agent: str, *, admits: bool, must_answer: bool
+) -> None:
     """Refuse, in one line, a Redis that can lose admitted rollouts, whose queue another fleet
-    uses, or (for a process that ``admits``) that lacks the replicas admissions wait for
+    uses, or values the fleet's live processes do not share (``agent``: its name), or (for a
+    process that ``admits``) that lacks the replicas admissions wait for
     (``rollout_core.durability.start_checks``). A process checks again as it starts; this
     spares the operator its wait. A Redis that does not answer now is refused if it
     ``must_answer`` (``up``, about to start a fleet on it), else left to that check (a
     container may start before its Redis)."""
     import asyncio
 
-    from rollout_core.durability import StartRefused, start_checks
+    from rollout_core.durability import Agreement, StartRefused, start_checks
     from rollout_core.secrets import check_key_canary, load_secret_box
     from rollout_core.store import RecordStore, answers
     from rollout_fleet.target import FleetTarget, unreadable, url_source
@@ -130,7 +133,8 @@ def refuse_unsafe_redis(settings: FleetSettings, *, admits: bool, must_answer: b
     async def check() -> None:
         store = RecordStore.connect(settings, max_connections=2)
         try:
-            await start_checks(store, settings, admits=admits)
+            agreement = Agreement.of(store, settings, agent, admits=admits)
+            await start_checks(store, settings, agreement, admits=admits)
             if not admits:  # a worker: it must open what the gateways seal
                 await check_key_canary(store, await load_secret_box(store, settings, quiet=True))
         finally:

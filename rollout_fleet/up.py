@@ -143,9 +143,9 @@ def _preflight(options: UpOptions) -> tuple[FleetSettings, Ports]:
     trainer = 0
     if options.mock_trainer is not None:
         trainer = _choose_port("the mock TrainGate", options.mock_trainer_port, 9001, taken)
-    load_agent_or_exit(options.agent)  # as the gateway and the workers will
+    agent = load_agent_or_exit(options.agent)  # as the gateway and the workers will
     if "redis_url" in settings.model_fields_set:  # given one: it must answer, and keep rollouts
-        refuse_unsafe_redis(settings, admits=True, must_answer=True)
+        refuse_unsafe_redis(settings, agent.name, admits=True, must_answer=True)
     return settings, Ports(gateway, flower or free_port(), trainer or free_port())
 
 

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rollout_core import tracing
-from rollout_core.durability import RedisWatch, StartRefused, start_checks
+from rollout_core.durability import Agreement, RedisWatch, StartRefused, start_checks
 from rollout_core.polling_clock import PollingClock
 from rollout_core.queue import celery_app
 from rollout_core.secrets import keep_key_canary, load_secret_box
@@ -136,7 +136,8 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RecordStore.connect(settings)
-        await start_checks(store, settings, admits=True)
+        agreement = Agreement.of(store, settings, agent.name, admits=True)
+        await start_checks(store, settings, agreement, admits=True)
         tools = ToolsRunner(settings.get_tools_threads, settings.get_tools_timeout_seconds)
         box = await load_secret_box(store, settings)
         await keep_key_canary(store, box)
@@ -156,7 +157,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
         )
         chores = [
             asyncio.create_task(PollingClock(store).run(), name="polling-clock"),
-            asyncio.create_task(keep_waiting_rollouts(store, settings), name="upkeep"),
+            asyncio.create_task(keep_waiting_rollouts(store, settings, agreement), name="upkeep"),
         ]
         settle_heap()
         try:

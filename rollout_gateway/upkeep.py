@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from rollout_core.durability import SettingsKeeper
+from rollout_core.durability import Agreement, SettingsKeeper
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore, StoreError
 
 
-async def keep_waiting_rollouts(store: RecordStore, settings: FleetSettings) -> None:
+async def keep_waiting_rollouts(
+    store: RecordStore, settings: FleetSettings, agreement: Agreement
+) -> None:
     """Keep the shared settings alive and renew waiting rollouts' TTL, once per sweep
     interval until cancelled; Redis trouble skips a turn."""
     every = settings.sweep_interval_seconds
-    keeper = SettingsKeeper(store, settings)
+    keeper = SettingsKeeper(store, settings, agreement)
     while True:
         with contextlib.suppress(StoreError):
             await keeper.keep()

@@ -28,7 +28,7 @@ from wsgiref.simple_server import WSGIServer
 from celery import Celery
 from celery.worker import state as worker_state
 
-from rollout_core.durability import RedisWatch, SettingsKeeper, start_checks
+from rollout_core.durability import Agreement, RedisWatch, SettingsKeeper, start_checks
 from rollout_core.polling_clock import PollingClock
 from rollout_core.protocols import cancelled_result
 from rollout_core.queue.envelope import task_message
@@ -145,7 +145,8 @@ class _OnLoop:
         cancel_unstarted: Callable[[RecordKey], Awaitable[None]],
     ) -> _OnLoop:
         store = RecordStore.connect(settings)
-        await start_checks(store, settings, admits=False)
+        agreement = Agreement.of(store, settings, agent.name, admits=False)
+        await start_checks(store, settings, agreement, admits=False)
         box = await load_secret_box(store, settings)
         await check_key_canary(store, box)
         http = HttpClientShards(concurrency, get_settings())
@@ -218,7 +219,8 @@ class WorkerRuntime:
             _OnLoop.open(settings, app, agent, concurrency, self.name, self._cancel_unstarted)
         )
         self._redis_watch = RedisWatch(self._on_loop.store, settings)
-        self._settings_keeper = SettingsKeeper(self._on_loop.store, settings)
+        agreement = Agreement.of(self._on_loop.store, settings, agent.name, admits=False)
+        self._settings_keeper = SettingsKeeper(self._on_loop.store, settings, agreement)
         self._watchdog = LoopWatchdog(
             self._loop.loop,
             self._loop.thread,

@@ -175,10 +175,9 @@ class FleetState(StoreBase):
         and gateways both do it (with no worker running, gateways keep what waits alive)."""
         await self._run(Script.PRUNE, [], [ms(inflight_ttl_seconds), batch])
 
-    async def share_settings(self, settings: str, ttl_seconds: float) -> str:
-        """Store ``settings`` as the fleet's shared ones unless some are stored already;
-        what is stored. Either way they are kept ``ttl_seconds`` more."""
-        key = self.keys.shared_settings
+    async def share_settings(self, key: str, settings: str, ttl_seconds: float) -> str:
+        """Store ``settings`` under ``key`` as the fleet's shared ones unless some are stored
+        already; what is stored. Either way they are kept ``ttl_seconds`` more."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(key, settings, nx=True, px=ms(ttl_seconds))
             pipe.get(key)

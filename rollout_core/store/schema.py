@@ -346,6 +346,12 @@ class Keys:
         return self._named("settings")
 
     @property
+    def gateway_settings(self) -> str:
+        """What every gateway of the fleet must agree on besides (its API key's HMAC), as
+        the live ones have it; it lapses as :attr:`shared_settings` does."""
+        return self._named("gateway-settings")
+
+    @property
     def fleet_queue(self) -> str:
         """The queue this prefix's fleet uses (the first of its processes registered it)."""
         return self._named("queue")

@@ -14,7 +14,7 @@ import pytest
 from rollout_fleet.local import fleet_command
 from rollout_fleet.processes import free_port, wait_until
 from tests.conftest import StartFleet
-from tests.harness import assert_one_line, new_id, run_process
+from tests.harness import CALCULATOR_AGENT, assert_one_line, new_id, run_process
 
 FIX = (
     "give every gateway and worker of one fleet the same values; to change them, stop the "
@@ -40,6 +40,44 @@ def test_a_process_whose_shared_settings_differ_from_the_fleets_refuses_to_start
     key = handle.keys.shared_settings
     said = f"{setting}={value} here, {fleets} in the fleet's running processes ({key}): {FIX}"
     assert_one_line(result, f"refusing to start: {said}")
+
+
+@pytest.mark.parametrize("command", ["gateway", "worker"])
+def test_a_process_serving_another_agent_refuses_to_start(
+    start_fleet: StartFleet, command: str
+) -> None:
+    """Before: a worker serving another agent joined silently and ran rollouts the gateways had
+    admitted with this one's tools, ending them ``success``."""
+    handle = start_fleet(workers=1)
+    env = {**handle.fleet.process_env(), "AGENT": CALCULATOR_AGENT}
+    listen = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "gateway" else []
+    result = run_process(fleet_command(command, *listen), env)
+    key = handle.keys.shared_settings
+    said = f"AGENT='calculator' here, 'scripted' in the fleet's running processes ({key})"
+    assert_one_line(result, f"refusing to start: {said}: {FIX}")
+
+
+@pytest.mark.parametrize("api_key", ["another-key", None])
+def test_a_gateway_whose_api_key_differs_from_the_fleets_gateways_refuses_to_start(
+    start_fleet: StartFleet, api_key: str | None
+) -> None:
+    """Another key, or none beside gateways that require one: before, such a replica admitted
+    what the others refused. The refusal names the setting, never a key; workers, which need
+    no key, start whatever theirs is."""
+    handle = start_fleet(workers=0, env={"ROLLOUT_FLEET_API_KEY": "the-fleets-key"})
+    env = {**handle.fleet.process_env()}
+    env.pop("ROLLOUT_FLEET_API_KEY")
+    if api_key is not None:
+        env["ROLLOUT_FLEET_API_KEY"] = api_key
+    listen = ["--host", "127.0.0.1", "--port", str(free_port())]
+    result = run_process(fleet_command("gateway", *listen), env)
+    key = handle.keys.gateway_settings
+    said = f"ROLLOUT_FLEET_API_KEY is not the one the fleet's running gateways require ({key})"
+    assert_one_line(result, f"refusing to start: {said}: {FIX}")
+    assert "the-fleets-key" not in result.stdout + result.stderr
+    assert "the-fleets-key" not in str(handle.redis.get(key))
+    handle.fleet.start_worker(1, env)
+    wait_until(lambda: handle.fleet.readiness().workers == 1, 60, "the worker")
 
 
 def test_new_shared_settings_start_a_fleet_over_once_all_of_it_has_stopped(

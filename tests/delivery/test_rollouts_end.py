@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rollout_fleet.local import LocalFleet
+from rollout_fleet.processes import wait_until
 from tests.conftest import TEST_ENV, V2_ENV, StartFleet
 from tests.harness import SCRIPTED_V2_AGENT, admit_v1, new_id
 
@@ -16,11 +17,15 @@ def test_a_rollout_of_the_other_generation_ends_with_its_trainer_told(
     start_fleet: StartFleet, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """A v1 rollout taken by a worker whose agent speaks v2 (the agent changed while rollouts
-    waited; two fleets on one database) fails once, with a callback saying why; before, the
-    worker renewed the lease of an execution that no longer existed, forever."""
+    waited: the v1 fleet stopped, a v2 one started on its database) fails once, with a callback
+    saying why; before, the worker renewed the lease of an execution that no longer existed,
+    forever."""
     v1 = start_fleet(workers=0)
     rollout_id = new_id("other")
     admit_v1(v1, rollout_id)
+    for process in v1.fleet.processes.values():
+        process.stop()
+    wait_until(lambda: not v1.redis.exists(v1.keys.shared_settings), 30, "the fleet's lapse")
     v2 = LocalFleet(
         agent=SCRIPTED_V2_AGENT,
         redis_url=v1.fleet.redis_url,

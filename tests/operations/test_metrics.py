@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from rollout_fleet.processes import wait_until
 from tests.conftest import V2_ENV, StartFleet
 from tests.harness import REPO, V2FleetUnderTest
 
@@ -38,6 +39,14 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     """The sum over samples of ``name`` whose labels include ``labels``."""
     wanted = set(labels.items())
     return sum(v for (n, got), v in samples.items() if n == name and wanted <= got)
+
+
+def worker_samples(handle: V2FleetUnderTest) -> Samples:
+    """Every worker's samples, summed."""
+    samples: Samples = Counter()
+    for url in handle.fleet.worker_metrics_urls():
+        samples.update(scrape(url))
+    return samples
 
 
 def test_metrics_count_what_happened(start_fleet: StartFleet) -> None:
@@ -76,10 +85,12 @@ def test_metrics_count_what_happened(start_fleet: StartFleet) -> None:
         assert Counter(result["status"] for result in results) == {"success": ADMITTED}
         chat_calls = sum(len(handle.trainer.calls("chat", rollout_id)) for rollout_id in tokens)
 
-        workers = Counter[tuple[str, frozenset[tuple[str, str]]]]()
-        for url in handle.fleet.worker_metrics_urls():
-            workers.update(scrape(url))
         finished = "rollout_fleet_rollouts_finished_total"
+        # a worker counts a rollout just after its result is stored, which a poll may see first
+        wait_until(
+            lambda: value(worker_samples(handle), finished) >= ADMITTED, 10, "every finish counted"
+        )
+        workers = worker_samples(handle)
         assert value(workers, finished, protocol="v2", status="success") == ADMITTED
         assert value(workers, finished) == ADMITTED
         assert value(workers, "rollout_fleet_queue_wait_seconds_count", protocol="v2") == ADMITTED
