@@ -15,6 +15,7 @@ The workflow returns its message list. ``metadata["grade"]`` — grader steps:
     {"sleep": s}  {"raise": ["Type", "m"]}  {"reward": x|"nan"}  {"remove": true}
     {"poison": true}  put a NaN and an unencodable object into metrics/extra_fields
     {"reward_each": x}  set_sample_reward(id, x) for every sample (seed shape)
+    {"answer": true}  reward 1.0 if the last message answers ``#### <label>``, else 0.0
 
 The grader copies what it saw (label, metadata) into ``sample.extra_fields``.
 """
@@ -140,6 +141,9 @@ class ScriptedGrader(Grader):
                 raise ERRORS[argument[0]](argument[1])
             elif action == "reward":
                 ctx.set_reward(math.nan if argument == "nan" else argument)
+            elif action == "answer":
+                last = ctx.sample.messages[-1] if ctx.sample.messages else {}
+                ctx.set_reward(1.0 if last.get("content") == f"#### {ctx.label}" else 0.0)
             elif action == "reward_each":
                 for sample_id in ctx.get_samples():
                     ctx.set_sample_reward(sample_id, argument)

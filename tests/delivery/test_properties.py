@@ -6,8 +6,10 @@ drives a real gateway, two workers, redis-server and the mock TrainGate with eac
 
 After every example: each admitted rollout ended within a bound, made terminal once; the
 trainer got exactly one callback, carrying the admission's ``Idempotency-Key`` and agreeing
-with the record; a rollout sent to the foreign service ended with ``delivery: failed``; and
-no API key or foreign body is in any view or record field.
+with the record; a successful one is right for its request (what the scripted agent and the
+mock's calculator give for its messages: ``_assert_right``); a rollout sent to the foreign
+service ended with ``delivery: failed``; and no API key or foreign body is in any view or
+record field. A v2 success is right for its row too (``_assert_right_v2``).
 
 CI runs ``ROLLOUT_FLEET_PROPERTY_EXAMPLES`` examples (default 40); the full run is
 ``ROLLOUT_FLEET_PROPERTY_EXAMPLES=500 uv run pytest tests/delivery/test_properties.py``.
@@ -33,6 +35,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from rollout_sdk.testing.responders import calculator_responder
 from tests.conftest import V2_ENV, StartFleet
 from tests.harness import (
     LEASE_HEADER,
@@ -200,6 +203,8 @@ def _check(
         assert callback["status"] == expected, (d, callback, record)
         if d.outcome in ("raise", "error", "hang"):
             assert record["status"] == "failure", (d, record)
+        if callback["status"] == "COMPLETED":
+            _assert_right(d, callback)
         (call,) = fleet.trainer.calls("completed", d.rollout_id)
         headers = {k.lower(): v for k, v in call["headers"].items()}
         assert headers["idempotency-key"] == record["admit_token"], (d, headers)
@@ -216,6 +221,23 @@ def _check(
         assert FOREIGN_SECRET not in text, (d, text)
         if d.api_key is not None:
             assert d.api_key not in text, (d, text)
+
+
+def _assert_right(d: Drawn, callback: dict[str, Any]) -> None:
+    """A successful callback carries what the agent's script makes of the request's messages:
+    the calculator mock's answer to them (``chat``), or the request echoed with reward 1.0."""
+    messages = _messages(d)
+    final = callback["final_messages"]
+    if d.outcome == "chat":
+        assert final == [*messages, calculator_responder(messages).message()], (d, callback)
+        return
+    assert d.outcome in ("complete", "huge"), (d, callback)  # the others never succeed
+    assert final[:-1] == messages, (d, callback)
+    assert [m["role"] for m in final[-1:]] == ["assistant"], (d, callback)
+    echoed = json.loads(final[-1]["content"])
+    seen = (echoed["rollout_id"], echoed["messages"], echoed["metadata"])
+    assert seen == (d.rollout_id, messages, script(*_steps(d))), (d, echoed)
+    assert callback["reward"] == 1.0, (d, callback)
 
 
 # --- v2: one terminal result, the same on every poll -------------------------------------------
@@ -290,10 +312,11 @@ def test_every_admitted_v2_rollout_has_one_result_every_poll_agrees_on(
         }
         if d.llm_api_key is not None:
             fields["llm_api_key"] = d.llm_api_key
-        response = fleet.admit(fleet.body(rollout_id, **fields))
+        row = fleet.body(rollout_id, **fields)
+        response = fleet.admit(row)
         assert response.status_code == 202, (d, response.text)
-        tokens[rollout_id] = (d, response.json()["polling_lease_token"])
-    for rollout_id, (d, token) in tokens.items():
+        tokens[rollout_id] = (d, response.json()["polling_lease_token"], row)
+    for rollout_id, (d, token, row) in tokens.items():
         path = f"/rollout/{quote(rollout_id, safe='')}/result"
         terminal = []
         deadline = time.monotonic() + ENDS_WITHIN
@@ -315,6 +338,24 @@ def test_every_admitted_v2_rollout_has_one_result_every_poll_agrees_on(
             assert result["status"] == "failure", (d, result)
         if d.outcome in ("chat", "echo"):  # any id names its LLM calls (P§2.11)
             assert result["status"] == "success", (d, result)
+            _assert_right_v2(d, row, result)
         if d.llm_api_key is not None:
             for text in (terminal[0], json.dumps(record, ensure_ascii=False)):
                 assert d.llm_api_key not in text, (d, text)
+
+
+def _assert_right_v2(d: DrawnV2, row: dict[str, Any], result: dict[str, Any]) -> None:
+    """A success carries what the workflow makes of the row: its prompt and the calculator
+    mock's answer to it (``chat``) or what the workflow saw (``echo``), its label, and the
+    reward its grader gives (1.0)."""
+    prompt = row["initial_messages"]
+    sample = result["sample"]
+    messages = sample["messages"]
+    if d.outcome == "chat":
+        assert messages == [*prompt, calculator_responder(prompt).message()], (d, result)
+    else:
+        assert messages[:-1] == prompt, (d, result)
+        assert [m["role"] for m in messages[-1:]] == ["assistant"], (d, result)
+        seen = json.loads(messages[-1]["content"])
+        assert (seen["prompt"], seen["metadata"]) == (prompt, _v2_metadata(d)), (d, seen)
+    assert (sample["label"], sample["reward"]) == (d.label, 1.0), (d, result)

@@ -1,13 +1,15 @@
 """The invariants, checked against every rollout's history once the schedule ran: its record
 in Redis (status, result, delivery), the callbacks the mock TrainGate received (v1), every
 terminal poll of the trainer and one more by the checker (v2), and which execution held it
-when its callback went out (``observe.Holders``).
+when its callback went out (``observe.Holders``); and what each rollout's row asks: every
+successful result must be the right one for it (``expected``), not merely agree with the rest.
 
 Each violation has a kind (``KINDS``), so a test can tell what the checker found."""
 
 from __future__ import annotations
 
 import json
+import operator
 import re
 import time
 from collections import Counter
@@ -40,6 +42,7 @@ KINDS = (
     "no_callback",  # a finished v1 rollout whose trainer heard nothing
     "idempotency_key",
     "contradicting_result",  # callbacks, polls and the record disagree
+    "wrong_result",  # a successful result is not what its row's agent and responder give
     "cancelled_success",
     "untouched_failure",  # nothing cancelled it, yet it did not succeed
     "no_ttl",
@@ -92,6 +95,7 @@ class Report:
             "v1_callbacks",
             "v1_repeats",
             "v1_repeats_excused_by",
+            "results_judged",
             "delivering_cancels_landed",
             "failovers",
             "run_s",
@@ -143,8 +147,10 @@ def check(
         "callbacks": round(called - settled, 1),
         "final_polls": round(time.monotonic() - called, 1),
     }
+    rows = {p: {body["rollout_id"]: body for body in t.bodies} for p, t in trainers.items()}
     terminations: Counter[str] = Counter()
     excused: Counter[str] = Counter()
+    judged: Counter[str] = Counter()
     for protocol, keys in records.items():
         for rollout_id, key in keys.items():
             record: dict[str, str] = client.hgetall(key)  # type: ignore[assignment]
@@ -156,9 +162,13 @@ def check(
                 excused.update(
                     _check_callbacks(report, nemesis, holders, window, key, record, calls)
                 )
+                results = [call["body"] for call in calls]
             else:
                 polls = trainers["v2"].polls.get(rollout_id, []) + final_polls.get(rollout_id, [])
                 _check_polls(report, trainers["v2"], rollout_id, record, polls)
+                results = polls
+            row = rows[protocol][rollout_id]
+            judged[protocol] += _check_right(report, protocol, row, [_stored(record), *results])
             if client.pttl(key) <= 0:
                 report.fail("no_ttl", protocol, rollout_id, f"{key}: TTL {client.pttl(key)}")
     _check_leftovers(report, stage, client, trainers)
@@ -166,6 +176,7 @@ def check(
     report.figures |= {
         **_status_figures(statuses, trainers),
         "terminations": dict(terminations),
+        "results_judged": dict(judged),  # rollouts whose successful results were judged
         "v1_callbacks": sum(len(c) for c in callbacks.values()),
         "v1_repeats": sum(max(0, len(c) - 1) for c in callbacks.values()),
         "v1_repeats_excused_by": dict(excused),
@@ -339,6 +350,80 @@ def _check_polls(
         )
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What a right run gives a row: the nemesis's agents chat once (``run.bodies``), and the
+    mock TrainGate's calculator answers the row's question (``run.question``); the v2 grader
+    gives 1.0 to an answer that says the row's label, else 0.0."""
+
+    messages: list[dict[str, Any]]
+    label: str | None = None  # v2
+    reward: float | None = None  # v2
+
+
+_QUESTION = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
+_SIGNS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def expected(protocol: Protocol, row: dict[str, Any]) -> Expected:
+    """The right result of ``row``, worked out from its question, not by asking the mock."""
+    messages = list(row["messages" if protocol == "v1" else "initial_messages"])
+    asked = next(m["content"] for m in reversed(messages) if m.get("role") == "user")
+    found = _QUESTION.fullmatch(asked)
+    if found is None:
+        raise ValueError(f"{row['rollout_id']}: no question the checker can answer: {asked!r}")
+    answer = _SIGNS[found.group(2)](int(found.group(1)), int(found.group(3)))
+    messages.append({"role": "assistant", "content": f"#### {answer}"})
+    if protocol == "v1":
+        return Expected(messages)
+    label = row["label"]
+    return Expected(messages, label, 1.0 if label == str(answer) else 0.0)
+
+
+def _check_right(
+    report: Report, protocol: Protocol, row: dict[str, Any], results: list[Any]
+) -> int:
+    """Every successful result of a rollout (its stored one, each v1 callback that says
+    COMPLETED, each v2 poll that says success) is the right one for its row: one
+    ``wrong_result`` naming the first difference. Whether any was judged (1 or 0)."""
+    right = expected(protocol, row)
+    succeeded = "COMPLETED" if protocol == "v1" else "success"
+    judged = [r for r in results if isinstance(r, dict) and r.get("status") == succeeded]
+    for result in judged:
+        if wrong := _wrong(protocol, right, result):
+            report.fail("wrong_result", protocol, row["rollout_id"], wrong)
+            break
+    return int(bool(judged))
+
+
+def _wrong(protocol: Protocol, right: Expected, result: dict[str, Any]) -> str | None:
+    """How ``result`` differs from the right one; ``None`` if it does not."""
+    if protocol == "v1":
+        return _messages_differ("final_messages", result.get("final_messages"), right.messages)
+    sample = result.get("sample")
+    if not isinstance(sample, dict):
+        return f"a success without a sample: {str(result)[:200]}"
+    differs = [_messages_differ("messages", sample.get("messages"), right.messages)]
+    if sample.get("label") != right.label:
+        differs.append(f"label {sample.get('label')!r}, the row's is {right.label!r}")
+    if sample.get("reward") != right.reward:
+        differs.append(f"reward {sample.get('reward')!r}, a right run's is {right.reward!r}")
+    return "; ".join(d for d in differs if d) or None
+
+
+def _messages_differ(name: str, got: Any, right: list[dict[str, Any]]) -> str | None:
+    if got == right:
+        return None
+    answer = right[-1]["content"]
+    if not isinstance(got, list) or not got:
+        return f"{name} {got!r}, the row's answer is {answer!r}"
+    if len(got) != len(right):
+        last = str(got[-1])[:120]
+        return f"{len(got)} {name}, the last {last}; a right run's {len(right)} end {answer!r}"
+    index = next(i for i, (g, r) in enumerate(zip(got, right, strict=True)) if g != r)
+    return f"{name}[{index}] is {str(got[index])[:120]}, a right run's {str(right[index])[:120]}"
+
+
 def _check_callbacks(
     report: Report,
     nemesis: Nemesis,
@@ -469,4 +554,14 @@ def _excuse(
     return None
 
 
-__all__ = ["EXCUSES", "KINDS", "SLACK", "Report", "Violation", "Window", "check"]
+__all__ = [
+    "EXCUSES",
+    "KINDS",
+    "SLACK",
+    "Expected",
+    "Report",
+    "Violation",
+    "Window",
+    "check",
+    "expected",
+]

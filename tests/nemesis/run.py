@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollout_sdk.testing.responders import calculator_responder
 from tests.chaos.harness import Protocol
 from tests.harness import REPO, v1_body, v2_body
 from tests.nemesis.checker import Report, Window, check
@@ -27,6 +28,7 @@ from tests.nemesis.stage import Stage
 
 FIGURES = REPO / "test-output" / "nemesis"
 ROLLOUT_SECONDS = (1.0, 6.0)
+WRONG_LABEL_EVERY = 10  # v2 rows with a wrong label: a right run grades them 0
 
 
 @dataclass(frozen=True)
@@ -56,19 +58,46 @@ SENTINEL_FULL_SIZE = Size(rollouts=600, faults=30, duration=120, sentinel=True, 
 
 
 def bodies(seed: int, protocol: Protocol, count: int, trainer_url: str) -> list[dict[str, Any]]:
-    """Rollouts that wait, chat once and wait again: ids ``<protocol>-g<group>-<seed>-<n>``."""
+    """Rollouts that wait, chat once and wait again: ids ``<protocol>-g<group>-<seed>-<n>``.
+    Each asks its own sum (``question``), whose answer that one chat gets; a v2 one is graded
+    on it (every ``WRONG_LABEL_EVERY``-th with a wrong label: reward 0)."""
     rng = random.Random(f"{seed}-{protocol}")
+    asking = random.Random(f"{seed}-{protocol}-questions")  # the timings stay the seed's
     made = []
     for n in range(count):
         rollout_id = f"{protocol}-g{n % GROUPS}-{seed}-{n}"
         before, after = (rng.uniform(*ROLLOUT_SECONDS) / 2 for _ in range(2))
+        messages, answer = question(asking)
         if protocol == "v1":
             steps = [{"sleep": before}, {"chat": {}}, {"sleep": after}, {"complete": {}}]
-            made.append(v1_body(trainer_url, rollout_id, metadata={"script": steps}))
+            made.append(
+                v1_body(trainer_url, rollout_id, messages=messages, metadata={"script": steps})
+            )
         else:
             steps = [{"sleep": before}, {"chat": {}}, {"sleep": after}]
-            made.append(v2_body(trainer_url, rollout_id, metadata={"script": steps}))
+            label = str(answer + 1 if n % WRONG_LABEL_EVERY == 0 else answer)
+            metadata = {"script": steps, "grade": [{"answer": True}]}
+            made.append(
+                v2_body(
+                    trainer_url,
+                    rollout_id,
+                    initial_messages=messages,
+                    label=label,
+                    metadata=metadata,
+                )
+            )
     return made
+
+
+def question(rng: random.Random) -> tuple[list[dict[str, Any]], int]:
+    """A calculator conversation one chat short of its answer: a question, the calculator's
+    tool call and the tool's result; the mock TrainGate's calculator answers ``#### <it>``."""
+    a, b, sign = rng.randint(2, 99), rng.randint(2, 99), rng.choice("+-*")
+    answer = {"+": a + b, "-": a - b, "*": a * b}[sign]
+    asked = {"role": "user", "content": f"What is {a} {sign} {b}?"}
+    call = calculator_responder([asked]).message()
+    result = {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": str(answer)}
+    return [asked, call, result], answer
 
 
 def replay_command(seed: int, size: Size) -> str:
@@ -182,8 +211,11 @@ __all__ = [
     "FULL_SIZE",
     "SENTINEL_CI_SIZE",
     "SENTINEL_FULL_SIZE",
+    "WRONG_LABEL_EVERY",
     "Plant",
     "Size",
+    "bodies",
+    "question",
     "replay_command",
     "run",
 ]

@@ -16,6 +16,10 @@ hands back cleanly). The planted run also:
   shortly before the SIGTERM, one far from both: ``duplicate_callback`` each. (The first two
   are ones the checker before this one excused: any crash of any kind, in either fleet, from
   1 s before to 10 s after the first callback; the test shows they fall in that window.)
+* switches the mock TrainGate's responder from the calculator to the keyword one once the two
+  faults are in: every rollout that chats after that ends a success whose answer is wrong for
+  its row, the same in its record, its callbacks and its polls (the checker before this one
+  compared only those): ``wrong_result``, for those rollouts and none that chatted before.
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ from tests.nemesis.checker import (
     Window,
     _check_callbacks,
     _check_polls,
+    _check_right,
+    expected,
 )
 from tests.nemesis.faults import Fault, Nemesis
 from tests.nemesis.observe import Holders, PollingTrainer
-from tests.nemesis.run import Size, run
+from tests.nemesis.run import WRONG_LABEL_EVERY, Size, bodies, run
 from tests.nemesis.stage import PREFIX, Stage
 
 SIZE = Size(rollouts=40, faults=0, duration=20, callback_delay=0.3, settle=25)
@@ -59,6 +65,7 @@ class Planter:
         self.label = "planted" if breaks else "clean"  # names the run's figures file
         self.planted: dict[str, Any] = {}
         self.errors: list[str] = []
+        self.chats: list[dict[str, Any]] = []  # the TrainGate's chat calls, the latest seen
 
     def __call__(self, *stage_trainers_nemesis_done: Any) -> None:
         try:
@@ -87,6 +94,7 @@ class Planter:
         self.planted["faults"] = (stopped_at, terminated_at)
         if not self.breaks:
             return
+        self.planted["misled"] = self._mislead(stage)
         self.planted["contradicting"] = self._contradict(client, trainers["v2"])
         firsts = self._first_callbacks(stage, after=terminated_at + OLD_WINDOW[0] + 1)
         near_stop = _first_within(firsts, stopped_at - OLD_WINDOW[1], stopped_at)
@@ -96,6 +104,24 @@ class Planter:
         for rollout_id in (near_stop, near_term, far):
             self._repost(stage, client, rollout_id)
         self.planted["firsts"] = {i: firsts[i] for i in (near_stop, near_term, far)}
+        self._watch_chats(stage, done)
+
+    @staticmethod
+    def _mislead(stage: Stage) -> tuple[float, float]:
+        """From now on the mock TrainGate answers with the keyword responder: a chat that
+        should end in the row's ``#### <answer>`` gets "The calculation is complete." (the
+        mock answers a chat as it arrives: one that arrived before is the calculator's)."""
+        before = time.time()
+        stage.trainer.configure(responder="keyword")
+        return before, time.time()
+
+    def _watch_chats(self, stage: Stage, done: threading.Event) -> None:
+        """Keep the TrainGate's chat calls until the check is done (the stage stops then)."""
+        while not done.wait(0.2):
+            try:
+                self.chats = stage.trainer.calls("chat")
+            except httpx.HTTPError:
+                return
 
     @staticmethod
     def _wait_leased(client: redis.Redis, prefix: str, status: str = "running") -> str:
@@ -201,6 +227,7 @@ def test_the_checker_reports_each_planted_fault(tmp_path: Path) -> None:
     assert report.ids("contradicting_result") == {planted["contradicting"]}, summary
     assert planted["record_as_first_poll"], summary  # what the old check compared agreed
     assert report.ids("duplicate_callback") == duplicates, summary
+    _assert_wrong_results(report, planter, summary)
     # The old rule excused the first two: a crash of any kind in its window.
     stopped_at, terminated_at = planted["faults"]
     firsts = planted["firsts"]
@@ -216,6 +243,26 @@ def test_the_checker_reports_each_planted_fault(tmp_path: Path) -> None:
     assert checked < SIZE.duration + SIZE.settle + REPEAT_SECONDS + 20, report.figures["phases_s"]
 
 
+def _assert_wrong_results(report: Report, planter: Planter, summary: str) -> None:
+    """``wrong_result`` names every judged rollout whose every chat came after the switch,
+    and none whose every chat came before it; in both fleets, with the keyword answer."""
+    before, after = planter.planted["misled"]
+    chatted: dict[str, list[float]] = {}
+    for call in planter.chats:
+        chatted.setdefault(call["rollout_id"], []).append(call["at"])
+    unjudged = {planter.planted["lost"], planter.planted["stuck"]}
+    misled = {i for i, at in chatted.items() if min(at) > after} - unjudged
+    told_right = {i for i, at in chatted.items() if max(at) < before}
+    wrong = report.ids("wrong_result")
+    assert misled <= wrong, (sorted(misled - wrong), summary)
+    assert not wrong & told_right, (sorted(wrong & told_right), summary)
+    for protocol in ("v1", "v2"):  # a mixed run: right and wrong results in each fleet
+        assert any(i.startswith(protocol) for i in misled), (protocol, chatted, summary)
+        assert any(i.startswith(protocol) for i in told_right - unjudged), (protocol, summary)
+    messages = [v.message for v in report.found if v.kind == "wrong_result"]
+    assert all("The calculation is complete." in m for m in messages), messages
+
+
 def test_a_clean_run_of_the_same_size_reports_none(tmp_path: Path) -> None:
     planter = Planter(breaks=False)
     report = run(SEED, SIZE, tmp_path, plant=planter)
@@ -223,6 +270,59 @@ def test_a_clean_run_of_the_same_size_reports_none(tmp_path: Path) -> None:
     assert not report.found, report.summary()
     assert report.figures["crashes"] == {"sigstop": 1, "sigterm": 1}
     assert report.figures["admitted"] == {"v1": 20, "v2": 20}
+    assert report.figures["results_judged"] == {"v1": 20, "v2": 20}  # every one was right
+
+
+def test_a_result_wrong_for_its_row_is_a_wrong_result() -> None:
+    """What the fleet returns must be right for the row, not only agree with itself: results
+    emptied (v1 ``final_messages``; v2 messages, reward -123), another row's right result, or
+    a reward 1.0 for a wrong label are each a ``wrong_result`` naming what differs; the right
+    ones (a reward 0.0 for a wrong label among them) are none."""
+    rows = {p: bodies(SEED, p, WRONG_LABEL_EVERY + 1, "http://trainer") for p in ("v1", "v2")}
+
+    def right(protocol: Protocol, row: dict[str, Any]) -> dict[str, Any]:
+        want = expected(protocol, row)
+        if protocol == "v1":
+            return {
+                "rollout_id": row["rollout_id"],
+                "status": "COMPLETED",
+                "final_messages": want.messages,
+            }
+        sample = {"messages": want.messages, "label": want.label, "reward": want.reward}
+        return {"rollout_id": row["rollout_id"], "status": "success", "sample": sample}
+
+    def judged(protocol: Protocol, row: dict[str, Any], result: dict[str, Any]) -> list[str]:
+        report = Report()
+        assert _check_right(report, protocol, row, [result]) == 1
+        return report.violations
+
+    for protocol, made in rows.items():
+        for row in made:
+            assert judged(protocol, row, right(protocol, row)) == [], row
+    v1, v2 = rows["v1"][1], rows["v2"][1]
+    emptied = judged("v1", v1, right("v1", v1) | {"final_messages": []})
+    assert emptied == [
+        f"wrong_result: v1 {v1['rollout_id']}: final_messages [], the row's "
+        f"answer is {expected('v1', v1).messages[-1]['content']!r}"
+    ]
+    planted = right("v2", v2)
+    planted["sample"] |= {"messages": [], "reward": -123.0}
+    (found,) = judged("v2", v2, planted)
+    assert found.startswith(f"wrong_result: v2 {v2['rollout_id']}: messages []"), found
+    assert "reward -123.0, a right run's is 1.0" in found, found
+    (swapped,) = judged("v1", v1, right("v1", rows["v1"][2]) | {"rollout_id": v1["rollout_id"]})
+    assert "final_messages[0]" in swapped, swapped
+    mislabelled = rows["v2"][0]  # the row's label is wrong: a right run grades it 0
+    assert expected("v2", mislabelled).reward == 0.0
+    generous = right("v2", mislabelled)
+    generous["sample"] |= {"reward": 1.0}
+    assert judged("v2", mislabelled, generous) == [
+        f"wrong_result: v2 {mislabelled['rollout_id']}: reward 1.0, a right run's is 0.0"
+    ]
+    refused = {"rollout_id": v1["rollout_id"], "status": "ERROR", "final_messages": []}
+    report = Report()
+    assert _check_right(report, "v1", v1, [refused]) == 0  # only successes are judged
+    assert report.found == []
 
 
 def test_a_final_poll_refused_or_not_terminal_is_a_contradicting_result() -> None:
