@@ -24,6 +24,7 @@ from rollout_fleet import state
 from rollout_fleet.local import fleet_command
 from rollout_fleet.processes import free_port
 from rollout_fleet.redis_server import RedisServer
+from tests.harness import SCRIPTED_AGENT
 
 PASSWORD = "s3cret-pass"
 LONG_ID = "rollout-2026-05-01T12:00:00-batch-0042-sample-0007-7f3a9c2e"  # 60 characters
@@ -262,7 +263,11 @@ def test_an_unknown_status_is_one_line(
 def test_a_process_command_refuses_a_url_that_is_not_redis_in_one_line(
     tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
-    env = {**clean_env, "REDIS_URL": f"http://user:{PASSWORD}@127.0.0.1:1/"}
+    env = {
+        **clean_env,
+        "REDIS_URL": f"http://user:{PASSWORD}@127.0.0.1:1/",
+        "AGENT": SCRIPTED_AGENT,
+    }
     done, _ = fleet_cli(tmp_path, env, "worker")
     assert done.returncode == 2
     assert done.stderr.startswith("not a Redis URL: http://user:***@127.0.0.1:1/ (from REDIS_URL)")

@@ -25,8 +25,12 @@ SERVER_KEY = "server-key-f18"
 
 
 def gateway_env(redis_server: RedisServer, **extra: str) -> dict[str, str]:
+    """A gateway's environment; open gateways use a database of their own (a gateway without
+    a key refuses to start beside live gateways requiring one)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_FLEET_")}
-    return {**env, "REDIS_URL": redis_server.url_for(900), "AGENT": SCRIPTED_AGENT, **extra}
+    database = 900 if "ROLLOUT_FLEET_API_KEY" in extra else 902
+    url = redis_server.url_for(database)
+    return {**env, "REDIS_URL": url, "AGENT": SCRIPTED_AGENT, **extra}
 
 
 def test_a_gateway_without_a_key_refuses_a_non_loopback_address(
