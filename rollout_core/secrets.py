@@ -22,6 +22,8 @@ log handler.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import threading
 import traceback
@@ -52,6 +54,14 @@ GATEWAY_KEY_DIFFERS = (
 )
 
 
+GATEWAY_KEY_NEW_TO_WORKERS = (
+    "refusing to start: this gateway seals with a ROLLOUT_FLEET_SECRET_KEY that {workers} of "
+    "this fleet's live workers do not hold, so they could run none of the rollouts it admits: "
+    "to rotate, give every worker NEW,OLD first, then the gateways"
+)
+_KEY_PRINT_NOTE = b"rollout-fleet: a secret key a process holds"
+
+
 class SecretUnreadable(ValueError):
     """A sealed secret none of this process's keys opens."""
 
@@ -64,9 +74,13 @@ class SecretBox:
     def __init__(self, keys: str | bytes) -> None:
         """``keys``: one Fernet key, or several comma-separated (the first one seals)."""
         text = keys.decode("ascii") if isinstance(keys, bytes) else keys
-        fernets = [Fernet(key.strip()) for key in text.split(",") if key.strip()]
+        raw = [key.strip().encode("ascii") for key in text.split(",") if key.strip()]
+        fernets = [Fernet(key) for key in raw]
         self._sealer = fernets[0]
         self._fernet = MultiFernet(fernets)
+        # What a worker's beat says it holds, and a gateway compares its sealing key with: an
+        # HMAC keyed with each key (nothing a reader of Redis can use).
+        self.prints = [hmac.new(key, _KEY_PRINT_NOTE, hashlib.sha256).hexdigest() for key in raw]
 
     def seal(self, secret: str) -> str:
         return self._fernet.encrypt(secret.encode()).decode("ascii")
@@ -123,13 +137,19 @@ async def load_secret_box(
 
 async def keep_key_canary(store: RecordStore, box: SecretBox) -> None:
     """A gateway starting: make the key canary one this gateway sealed with its sealing key,
-    unless it already is. A canary it cannot open at all is another key's: while workers that
+    unless it already is. One sealed with an older key of this gateway's (a rotation: NEW,OLD)
+    is replaced only if every live worker holds the new key (its beat's key prints); else this
+    gateway refuses to start. A canary it cannot open at all is another key's: while workers that
     opened it live, this gateway refuses to start (:class:`KeysDiffer`), since they could open
     nothing it admits; with none live, the fleet is starting over on a new key, and the canary
     is replaced (logged): what gateways seal is what workers must open."""
     sealed = await store.read_key_canary()
     if sealed is not None and box.opens_canary(sealed, sealer_only=True):
         return
+    if sealed is not None and box.opens_canary(sealed):  # sealed with an older key of ours
+        lacking = [b for b in (await store.live_workers()).beats if box.prints[0] not in b.keys]
+        if lacking:
+            raise KeysDiffer(GATEWAY_KEY_NEW_TO_WORKERS.format(workers=len(lacking)))
     if sealed is not None and not box.opens_canary(sealed):
         live = (await store.live_workers()).count
         if live:
@@ -232,6 +252,7 @@ class HiddenSecretsFilter(logging.Filter):
 __all__ = [
     "CANARY",
     "GATEWAY_KEY_DIFFERS",
+    "GATEWAY_KEY_NEW_TO_WORKERS",
     "REDACTED",
     "HiddenSecretsFilter",
     "KeysDiffer",

@@ -289,6 +289,30 @@ class FleetSettings(BaseSettings):
             raise PydanticCustomError("absolute", "must be an absolute path")
         return value
 
+    @field_validator("secret_key")
+    @classmethod
+    def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        """Each comma-separated key a Fernet key; the message never shows one."""
+        if value is None:
+            return value
+        import base64
+        import binascii
+
+        keys = [key.strip() for key in value.get_secret_value().split(",") if key.strip()]
+        for position, key in enumerate(keys, start=1):
+            try:
+                valid = len(base64.urlsafe_b64decode(key.encode("ascii"))) == 32
+            except (binascii.Error, UnicodeEncodeError, ValueError):
+                valid = False
+            if not valid:
+                raise PydanticCustomError(
+                    "fernet_key",
+                    "key {position} of {count} is not a Fernet key (32 url-safe base64-encoded "
+                    "bytes, as Fernet.generate_key() makes)",
+                    {"position": position, "count": len(keys)},
+                )
+        return value
+
     @field_validator("allowed_trainer_urls", mode="before")
     @classmethod
     def _split_prefixes(cls, value: object) -> object:

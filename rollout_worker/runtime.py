@@ -133,6 +133,7 @@ class _OnLoop:
     intake: Intake
     ownership: OwnershipLog
     fleet: str  # what this fleet's sandboxes are labelled with
+    key_prints: list[str]  # the secret keys it holds, as its beats say (SecretBox.prints)
 
     @classmethod
     async def open(
@@ -183,7 +184,7 @@ class _OnLoop:
             requeue_message,
         )
         sweeper = Sweeper(store, requeue_message, settings)
-        return cls(store, http, executor, sweeper, intake, ownership, fleet)
+        return cls(store, http, executor, sweeper, intake, ownership, fleet, box.prints)
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -433,6 +434,7 @@ class WorkerRuntime:
             at=await self._on_loop.store.clock(),
             sandbox_slots=slots,
             sandboxes=sandboxes,
+            keys=self._on_loop.key_prints,
         )
         await self._on_loop.store.beat(beat, max(3, int(self.settings.lease_seconds)))
         await self._settings_keeper.keep()

@@ -69,6 +69,7 @@ class WorkerBeat(BaseModel):
     at: float
     sandbox_slots: int = 0  # sandboxed rollouts: trials it runs at most at once
     sandboxes: int = 0  # and runs now
+    keys: list[str] = []  # prints of the secret keys it holds (SecretBox.prints)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from cryptography.fernet import Fernet
 
-from rollout_core.secrets import GATEWAY_KEY_DIFFERS, KEYS_DIFFER
+from rollout_core.secrets import GATEWAY_KEY_DIFFERS, GATEWAY_KEY_NEW_TO_WORKERS, KEYS_DIFFER
 from rollout_fleet.local import fleet_command
 from rollout_fleet.processes import free_port, wait_until
 from tests.conftest import StartFleet
@@ -144,6 +144,34 @@ def test_a_gateway_with_another_key_than_the_live_workers_refuses_to_start(
     assert env[SECRET_ENV] not in result.stdout + result.stderr
     assert handle.redis.get(handle.keys.key_canary) == canary
     rollout_id = new_id("still")
+    admit_v1(handle, rollout_id, api_key=TRAINER_KEY)
+    (callback,) = handle.wait_delivered([rollout_id])[rollout_id]
+    assert callback["status"] == "COMPLETED"
+
+
+def test_a_rotation_begun_at_a_gateway_refuses_until_every_live_worker_holds_the_new_key(
+    start_fleet: StartFleet,
+) -> None:
+    """A gateway given ``NEW,OLD`` opens the canary (OLD) but would seal with NEW, which the
+    live workers do not hold: it refuses, naming the order of a rotation, and the canary stays.
+    Before: it started, sealed its rollouts with NEW (each failed unread) and replaced the canary,
+    so no worker on OLD could start again. With the workers given NEW,OLD first, it starts."""
+    handle = start_fleet(workers=1)
+    canary = handle.redis.get(handle.keys.key_canary)
+    old = handle.fleet.process_env()[SECRET_ENV]
+    env = {**handle.fleet.process_env(), SECRET_ENV: f"{Fernet.generate_key().decode()},{old}"}
+    argv = fleet_command("gateway", "--host", "127.0.0.1", "--port", str(free_port()))
+    result = run_process(argv, env)
+    assert_one_line(result, GATEWAY_KEY_NEW_TO_WORKERS.format(workers=1))
+    assert handle.redis.get(handle.keys.key_canary) == canary
+    (worker,) = [name for name in handle.fleet.processes if "worker" in name]
+    handle.fleet.processes[worker].stop()
+    handle.fleet.start_worker(2, env)
+    wait_until(lambda: handle.fleet.readiness().workers == 1, 60, "the worker on NEW,OLD")
+    handle.fleet.processes["gateway"].stop()
+    handle.fleet.start_gateway(env)
+    wait_until(lambda: handle.redis.get(handle.keys.key_canary) != canary, 60, "the new canary")
+    rollout_id = new_id("rotated")
     admit_v1(handle, rollout_id, api_key=TRAINER_KEY)
     (callback,) = handle.wait_delivered([rollout_id])[rollout_id]
     assert callback["status"] == "COMPLETED"

@@ -285,3 +285,22 @@ def test_an_invalid_setting_is_one_line(
         "invalid setting ROLLOUT_FLEET_LEASE_SECONDS: Input should be a valid number, unable "
         "to parse string as a number\n"
     )
+
+
+@pytest.mark.parametrize("command", ["worker", "gateway"])
+def test_a_secret_key_that_is_not_a_fernet_key_is_one_line_naming_which(
+    tmp_path: Path, clean_env: dict[str, str], command: str
+) -> None:
+    """Before: a traceback ending in cryptography's ValueError. The key is never shown."""
+    good = "A" * 43 + "="
+    env = {
+        **clean_env,
+        "ROLLOUT_FLEET_SECRET_KEY": f"{good},not-a-fernet-key",
+        "REDIS_URL": "redis://x:1/0",
+    }
+    done, _ = fleet_cli(tmp_path, env, command)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "invalid setting ROLLOUT_FLEET_SECRET_KEY: key 2 of 2 is not a Fernet key (32 url-safe "
+        "base64-encoded bytes, as Fernet.generate_key() makes)\n"
+    )
