@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import re
 import threading
 import traceback
 from collections import Counter
@@ -178,11 +179,23 @@ async def check_key_canary(store: RecordStore, box: SecretBox) -> None:
         raise KeysDiffer(KEYS_DIFFER.format(key=store.keys.key_canary))
 
 
+# A secret shorter than this is hidden only where it stands alone, not inside a longer run of
+# letters, digits and underscores: a one-letter key turned "returned" into "r***turn***d", unreadable and
+# showing where the key's letter is.
+WHOLE_WORD_BELOW = 16
+
+
 def redact(text: str, *secrets: str | None) -> str:
-    """``text`` with every occurrence of the given secrets replaced by ``***``."""
+    """``text`` with every occurrence of the given secrets replaced by ``***`` (a short one's
+    only where it stands alone)."""
     for secret in secrets:
-        if secret:
+        if not secret:
+            continue
+        if len(secret) >= WHOLE_WORD_BELOW:
             text = text.replace(secret, REDACTED)
+        else:
+            alone = rf"(?<!\w){re.escape(secret)}(?!\w)"
+            text = re.sub(alone, REDACTED, text)
     return text
 
 

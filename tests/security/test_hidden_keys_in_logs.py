@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from rollout_core.logs import log_config
-from rollout_core.secrets import hiding
+from rollout_core.secrets import hiding, redact
 
 
 @pytest.fixture(autouse=True)
@@ -50,3 +50,18 @@ def test_a_held_key_is_hidden_in_messages_tracebacks_and_other_threads(
     if log_format == "json":
         lines = [json.loads(line) for line in text.splitlines()]
         assert "***" in lines[0]["exc_info"]
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "shown"),
+    [
+        # a short key: hidden where it stands alone, not inside words (whose letters it showed)
+        ("e", "POST /v1/chat/completions returned 500", "POST /v1/chat/completions returned 500"),
+        ("k3y", "bad key k3y; Bearer k3y,k3y.", "bad key ***; Bearer ***,***."),
+        ("k3y", "k3yboard k3y_x", "k3yboard k3y_x"),
+        # a long one wherever it is, inside a longer token too
+        ("sk-live-0123456789", "xsk-live-0123456789abc", "x***abc"),
+    ],
+)
+def test_a_key_is_hidden_where_it_is_the_key(key: str, text: str, shown: str) -> None:
+    assert redact(text, key) == shown
