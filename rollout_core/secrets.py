@@ -180,8 +180,8 @@ async def check_key_canary(store: RecordStore, box: SecretBox) -> None:
 
 
 # A secret shorter than this is hidden only where it stands alone, not inside a longer run of
-# letters, digits and underscores: a one-letter key turned "returned" into "r***turn***d", unreadable and
-# showing where the key's letter is.
+# letters, digits and underscores: a one-letter key turned "returned" into "r***turn***d",
+# unreadable and showing where the key's letter is.
 WHOLE_WORD_BELOW = 16
 
 

@@ -378,8 +378,16 @@ class Executor:
         except UnreadableRecord as exc:  # running it again cannot help: it fails, once
             logger.error("%s: the record cannot be read: %s", lease.key, exc)  # noqa: TRY400
             return await carrier.fail(claim, f"the rollout's record cannot be read: {exc}", lease)
-        except StoreError:
-            raise  # Redis trouble passes; the rollout is taken over once its lease lapses
+        except StoreError as exc:
+            # Redis trouble passes; the rollout is taken over once its lease lapses, and run
+            # again from its start: say so, the trainer sees its calls again.
+            logger.warning(
+                "%s: Redis did not take a write of this rollout (%r): it is left to its lease "
+                "and runs again once the lease lapses",
+                lease.key,
+                exc,
+            )
+            raise
         except Exception as exc:
             # A fault of the fleet's own on this rollout (the agent's errors are results
             # already): another attempt would most likely fail the same way, so it ends now,
