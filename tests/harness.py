@@ -29,6 +29,7 @@ import httpx
 import redis
 from celery import Celery
 
+from rollout_core.queue.broker import control_exchange
 from rollout_core.store.schema import Keys, Protocol
 from rollout_fleet.local import LocalFleet, fleet_command
 from rollout_fleet.processes import ManagedProcess, free_port, port_open, wait_until
@@ -266,6 +267,7 @@ class FleetUnderTest:
     def revoke(self, rollout_id: str) -> None:
         """What Flower's Revoke button sends: a Celery revoke of the rollout's task."""
         app = Celery(broker=self.fleet.redis_url)
+        app.conf.control_exchange = control_exchange(self.keys.prefix)
         try:
             app.control.revoke(self.record(rollout_id)["task"])
         finally:

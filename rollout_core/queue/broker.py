@@ -78,4 +78,23 @@ def transport_for(url: str) -> str:
     return SENTINEL_TRANSPORT if url.startswith("sentinel://") else TRANSPORT
 
 
-__all__ = ["SENTINEL_TRANSPORT", "TRANSPORT", "SentinelTransport", "Transport", "transport_for"]
+def control_exchange(key_prefix: str) -> str:
+    """The exchange a fleet's remote control (ping, revoke, shutdown) travels over: one per
+    fleet, since Redis's pub/sub spans a server's databases."""
+    return f"{key_prefix}.celery"
+
+
+def event_exchange(key_prefix: str) -> str:
+    """The exchange a fleet's task events (what Flower shows) travel over."""
+    return f"{key_prefix}.celeryev"
+
+
+__all__ = [
+    "SENTINEL_TRANSPORT",
+    "TRANSPORT",
+    "SentinelTransport",
+    "Transport",
+    "control_exchange",
+    "event_exchange",
+    "transport_for",
+]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from rollout_core.queue.broker import transport_for
+from rollout_core.queue.broker import control_exchange, event_exchange, transport_for
 from rollout_core.settings import FleetSettings
 from rollout_core.store.schema import UNACKED, UNACKED_INDEX, UNACKED_MUTEX
 
@@ -48,9 +48,9 @@ app.conf.update(
     # Remote control (ping, revoke, shutdown) and task events go over exchanges named for the
     # fleet: Redis's pub/sub spans databases' names, so fleets sharing one would otherwise see,
     # revoke and shut down each other's workers, Flower included.
-    control_exchange=f"{settings.key_prefix}.celery",
-    event_exchange=f"{settings.key_prefix}.celeryev",
-    event_queue_prefix=f"{settings.key_prefix}.celeryev",
+    control_exchange=control_exchange(settings.key_prefix),
+    event_exchange=event_exchange(settings.key_prefix),
+    event_queue_prefix=event_exchange(settings.key_prefix),
     task_send_sent_event=False,
     # Workers take their messages themselves (rollout_worker/intake.py); Celery's pool only
     # carries --concurrency, the slots the intake fills.

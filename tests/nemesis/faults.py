@@ -34,6 +34,7 @@ import httpx
 from celery import Celery
 
 from rollout_core.protocols import cancelled_result
+from rollout_core.queue.broker import control_exchange
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordKey, RecordStore
 from rollout_core.store.schema import Keys
@@ -367,6 +368,7 @@ class Nemesis:
             return "no task id"
         self.cancelled.setdefault(record.split(":", 2)[2], []).append("revoke")
         app = Celery(broker=self.stage.primary().url)
+        app.conf.control_exchange = control_exchange(prefix)
         try:
             app.control.revoke(task_id)
         finally:
