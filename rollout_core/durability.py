@@ -179,6 +179,7 @@ class MixedSettings(StartRefused):
     """This process's shared settings differ from the ones the fleet's live processes have."""
 
 
+API_KEY = "ROLLOUT_FLEET_API_KEY"
 _GATEWAY_KEY_NOTE = b"rollout-fleet: the API key gateways require"
 
 
@@ -224,9 +225,6 @@ class Agreement:
                 if name in theirs and theirs[name] != value
             ]
         return differ
-
-
-API_KEY = "ROLLOUT_FLEET_API_KEY"
 
 
 def _difference(name: str, ours: float | str, theirs: float | str, key: str) -> str:

@@ -147,21 +147,22 @@ async def keep_key_canary(store: RecordStore, box: SecretBox) -> None:
     sealed = await store.read_key_canary()
     if sealed is not None and box.opens_canary(sealed, sealer_only=True):
         return
-    if sealed is not None and box.opens_canary(sealed):  # sealed with an older key of ours
-        lacking = [b for b in (await store.live_workers()).beats if box.prints[0] not in b.keys]
-        if lacking:
-            raise KeysDiffer(GATEWAY_KEY_NEW_TO_WORKERS.format(workers=len(lacking)))
-    if sealed is not None and not box.opens_canary(sealed):
-        live = (await store.live_workers()).count
-        if live:
+    if sealed is not None:
+        workers = (await store.live_workers()).beats
+        if box.opens_canary(sealed):  # sealed with an older key of ours: a rotation
+            lacking = [beat for beat in workers if box.prints[0] not in beat.keys]
+            if lacking:
+                raise KeysDiffer(GATEWAY_KEY_NEW_TO_WORKERS.format(workers=len(lacking)))
+        elif workers:
             key = store.keys.key_canary
-            raise KeysDiffer(GATEWAY_KEY_DIFFERS.format(key=key, workers=live))
-        logger.warning(
-            "the key canary %s was sealed with a ROLLOUT_FLEET_SECRET_KEY this gateway does "
-            "not have, and no worker is live: replaced with this gateway's; workers without "
-            "its key refuse to start",
-            store.keys.key_canary,
-        )
+            raise KeysDiffer(GATEWAY_KEY_DIFFERS.format(key=key, workers=len(workers)))
+        else:
+            logger.warning(
+                "the key canary %s was sealed with a ROLLOUT_FLEET_SECRET_KEY this gateway "
+                "does not have, and no worker is live: replaced with this gateway's; workers "
+                "without its key refuse to start",
+                store.keys.key_canary,
+            )
     try:
         await store.write_key_canary(box.seal(CANARY), replace=True)
     except StoreFull:  # a full Redis refuses admissions anyway; the next start writes it
