@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from rollout_fleet.local import LocalFleet
 from rollout_fleet.redis_server import RedisServer
@@ -100,6 +101,35 @@ def start_fleet(
     yield start
     for handle in _started:
         handle.close()
+
+
+def _runs_with(nodeid: str) -> str:
+    """The group of tests one xdist worker runs in turn: a module's tests share its fleets.
+    Every test of tests/docker shares the one Docker engine and compose project, and those of
+    ``up`` hold well-known ports at times, so each of those sets runs in one worker too."""
+    module = nodeid.split("::", 1)[0]
+    if module.startswith("tests/docker/"):
+        return "tests/docker"
+    if module.startswith("tests/operations/test_up_"):
+        return "tests/operations/test_up_*"
+    return module
+
+
+class _ByGroup(LoadScopeScheduling):
+    """xdist's scope scheduling over ``_runs_with``'s groups (its own ``loadgroup`` marks are
+    lost on pytest 9, whose node ids xdist can no longer rename)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return _runs_with(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling:
+    return _ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest group, the Docker tests, is handed out first."""
+    items.sort(key=lambda item: _runs_with(item.nodeid) != "tests/docker")
 
 
 @pytest.hookimpl(wrapper=True)
