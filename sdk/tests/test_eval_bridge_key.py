@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 
 from rollout_sdk.localrun.bridge import LLMBridge
 
@@ -70,3 +71,32 @@ def test_the_bridge_forwards_only_calls_with_its_key_and_sends_the_endpoints_own
     assert len(calls) == 1  # the refused calls never reached the endpoint
     assert calls[0]["headers"]["authorization"] == f"Bearer {ENDPOINT_KEY}"
     assert calls[0]["body"]["model"] == "policy"
+
+
+async def cut_mid_body(path: str) -> None:
+    """A call whose client goes away half-way through its body, as when a run is stopped."""
+    bridge = LLMBridge("http://127.0.0.1:9", "policy", key=RUN_KEY)
+    await bridge.start()
+    try:
+        host, port = bridge.url.removeprefix("http://").rsplit(":", 1)
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: bridge\r\nAuthorization: Bearer {RUN_KEY}\r\n"
+            'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model": '.encode()
+        )
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the route is reading the body now
+        writer.close()
+        await writer.wait_closed()
+        await asyncio.sleep(0.3)
+    finally:
+        await bridge.stop()
+
+
+def test_a_call_cut_mid_body_ends_without_a_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """Stopping a run cuts the agent's calls under way: the bridge drops them without logging
+    an exception (a stopped run prints one line, no traceback)."""
+    for path in ("/v1/chat/completions", "/v1/rollouts/r1/chat/completions"):
+        asyncio.run(cut_mid_body(path))
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.err + printed.out, printed.err

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import httpx
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -253,7 +253,10 @@ class LLMBridge:
                     {"detail": "this bridge takes only its run's rollouts: send their API key"},
                     status_code=401,
                 )
-            return await route(request)
+            try:
+                return await route(request)
+            except ClientDisconnect:  # the agent's call was cut (the run stops): nobody reads it
+                return Response(status_code=499)
 
         return checked
 
