@@ -330,6 +330,34 @@ async def test_a_terminal_record_counts_one_termination(store: RecordStore, redi
     assert await redis.hget(key, RecordField.TERMINATIONS) == "1"
 
 
+async def test_an_ending_write_sent_again_answers_as_the_first_did(
+    store: RecordStore, redis: Redis
+) -> None:
+    """redis-py sends a command again when its reply timed out, and the first may have landed
+    (a starved worker's loop reads it late): the execution that ended the rollout then hears
+    what its write did, not that it lost the rollout; nobody else does."""
+    key = await admitted(store)
+    await store.claim(key, "w1", "w1", LEASE, 5)
+    for _ in range(2):
+        moved = await store.advance(key, "w1", Status.SUCCESS, retention_seconds=RETAIN)
+        assert moved is Advance.MOVED
+    assert await redis.hget(key, RecordField.TERMINATIONS) == "1"
+    assert await store.advance(key, "w2", Status.SUCCESS, retention_seconds=RETAIN) is Advance.LOST
+    assert await store.advance(key, "w1", Status.FAILURE, retention_seconds=RETAIN) is Advance.LOST
+
+    cancelled = await admitted(store, "r2", "MSG2")
+    await store.claim(cancelled, "w1:c", "w1", LEASE, 5)
+    await redis.hset(cancelled, RecordField.CANCEL_REQUESTED, "1")
+    for _ in range(2):
+        moved = await store.advance(
+            cancelled, "w1:c", Status.SUCCESS, retention_seconds=RETAIN, cancelled_result="C"
+        )
+        assert moved is Advance.CANCELLED
+    saved = await store.load(cancelled)
+    assert (saved.status, saved.result) == (Status.CANCELLED, "C")
+    assert await redis.hget(cancelled, RecordField.TERMINATIONS) == "1"
+
+
 async def v2_admit(store: RecordStore, record_id: str, digest: str) -> AdmitOutcome:
     return await store.admit_v2(
         store.keys.record("v2", record_id),

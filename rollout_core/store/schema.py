@@ -128,6 +128,9 @@ class RecordField(StrEnum):
     HANDED_BACK = "handoffs"
     TERMINATIONS = "terminations"  # times it was made terminal: anything but 1 is a bug
     EXECUTION = "execution"  # the execution holding the worker lease (empty once finished)
+    # The execution whose write ended it: that write sent again (redis-py retries a command whose
+    # reply timed out, and the first may have landed) answers what it did, not "lost".
+    ENDED_BY = "ended_by"
     WORKER = "worker"  # the worker process that claimed it last
     TASK = "task"  # the Celery task id of the message it runs under (what Revoke names)
     CANCEL_REQUESTED = "cancel_requested"

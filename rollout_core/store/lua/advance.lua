@@ -7,9 +7,19 @@
 --       none), field, value, ...
 -- -> ADVANCE.moved | ADVANCE.cancelled (the cancelled result was stored instead)
 --    | ADVANCE.lost (this execution no longer holds the rollout: its result is discarded)
+-- The same call again once it ended the rollout answers as the first did.
 local fields = redis.call('HMGET', KEYS[1], FIELD.execution, FIELD.status, FIELD.cancel_requested,
-                          FIELD.terminations)
+                          FIELD.terminations, FIELD.ended_by)
 if fields[1] ~= ARGV[1] or not LEASED[fields[2]] then
+  -- This execution's own ending write, sent again (its reply was lost): what it did then.
+  if fields[5] == ARGV[1] then
+    if fields[2] == ARGV[2] then
+      return ADVANCE.moved
+    end
+    if fields[2] == STATUS.cancelled and ARGV[2] == STATUS.success and ARGV[5] ~= '' then
+      return ADVANCE.cancelled
+    end
+  end
   return ADVANCE.lost
 end
 local status, result, outcome = ARGV[2], ARGV[3], ADVANCE.moved
@@ -20,7 +30,9 @@ if fields[3] and ARGV[5] ~= '' and (status == STATUS.success or status == STATUS
   end
 end
 if TERMINAL[status] then
-  terminate(KEYS[1], status, result, ARGV[4], {unpack(ARGV, 6)}, tonumber(fields[4] or 0))
+  local writes = {unpack(ARGV, 6)}
+  writes[#writes + 1], writes[#writes + 2] = FIELD.ended_by, ARGV[1]
+  terminate(KEYS[1], status, result, ARGV[4], writes, tonumber(fields[4] or 0))
   return outcome
 end
 -- One write: the status, the result if any, the caller's fields.
