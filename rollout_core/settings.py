@@ -232,10 +232,61 @@ class FleetSettings(BaseSettings):
         "once, apart from its rollout slots (waiting rollouts hold a slot, not a sandbox); "
         "default the agent's TrialQueue(n_concurrent=...).",
     )
-    sandbox_build_network: str | None = Field(
-        None,
-        description="Sandboxed rollouts: the network the task images' builds use (`host` where "
-        "the engine's own has no way out); default the engine's.",
+    sandbox_build_network: str = Field(
+        "none",
+        min_length=1,
+        description="Sandboxed rollouts: the network task image builds use. none (default): a "
+        "task's Dockerfile RUN reaches nothing. Naming another (host, or a network of the "
+        "engine's) lets builds fetch packages and reach whatever that network reaches: only "
+        "for trusted tasks (docs/SANDBOXES.md).",
+    )
+    sandbox_memory_mb: int = Field(
+        2048,
+        ge=16,
+        description="Sandboxed rollouts: the memory each sandbox container may use, swap "
+        "included (a task may ask for less, never more).",
+    )
+    sandbox_pids: int = Field(
+        512, ge=8, description="Sandboxed rollouts: the processes each sandbox container may run."
+    )
+    sandbox_cpus: float = Field(
+        1.0,
+        gt=0,
+        le=1024,
+        description="Sandboxed rollouts: the CPUs each sandbox container may use.",
+    )
+    sandbox_disk_mb: int = Field(
+        4096,
+        ge=1,
+        description="Sandboxed rollouts: what one trial's containers may write to their own "
+        "disks (the task's storage_mb if lower); past it the trial is stopped and fails.",
+    )
+    sandbox_output_mb: int = Field(
+        64,
+        ge=1,
+        description="Sandboxed rollouts: what the fleet copies out of one sandbox (logs, "
+        "reward, trajectory, artifacts); past it the rollout fails naming the file.",
+    )
+    sandbox_trials_mb: int = Field(
+        2048,
+        ge=0,
+        description="Sandboxed rollouts: what the folders of ended trials (failed trials' logs) "
+        "may take on one worker's disk; the oldest go first.",
+    )
+    sandbox_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Sandboxed rollouts: comma-separated Compose service keys an operator "
+        "allows for trusted tasks beyond the sandbox policy (e.g. cap_add); default none.",
+    )
+    sandbox_task_roots: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Sandboxed rollouts: comma-separated folders (absolute) beside the agent's "
+        "tasks_dir from which a rollout's metadata['harbor_task'] may name a task.",
+    )
+    sandbox_task_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Sandboxed rollouts: comma-separated https hosts a rollout's "
+        "metadata['git_url'] may fetch a task from; default none.",
     )
     sandbox_egress: Literal["traingate", "open"] = Field(
         "traingate",
@@ -310,6 +361,23 @@ class FleetSettings(BaseSettings):
                     "key {position} of {count} is not a Fernet key (32 url-safe base64-encoded "
                     "bytes, as Fernet.generate_key() makes)",
                     {"position": position, "count": len(keys)},
+                )
+        return value
+
+    @field_validator("sandbox_allow", "sandbox_task_roots", "sandbox_task_hosts", mode="before")
+    @classmethod
+    def _split_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("sandbox_task_roots")
+    @classmethod
+    def _absolute_roots(cls, value: list[str]) -> list[str]:
+        for root in value:
+            if not os.path.isabs(root):
+                raise PydanticCustomError(
+                    "absolute", "{root} is not an absolute path", {"root": root}
                 )
         return value
 

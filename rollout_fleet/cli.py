@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from rollout_fleet.startup import check_settings, load_agent_or_exit, refuse, refuse_unsafe_redis
+from rollout_fleet.startup import (
+    check_settings,
+    load_agent_or_exit,
+    refuse,
+    refuse_unready_engine,
+    refuse_unsafe_redis,
+)
 from rollout_sdk.cli import mock_trainer
 from rollout_sdk.lazy_group import lazy_group
 
@@ -216,6 +222,7 @@ def worker(
 
     agent = load_agent_or_exit(settings.agent)  # before Celery starts: one line, at once
     refuse_unsafe_redis(settings, agent.name, admits=False, must_answer=False)
+    refuse_unready_engine(agent)
 
     run_worker(
         [

@@ -146,6 +146,24 @@ def refuse_unsafe_redis(
         refuse(str(exc))
 
 
+def refuse_unready_engine(agent: object) -> None:
+    """Refuse, in one line, a sandboxed agent on a host whose engine cannot run its
+    sandboxes (no docker CLI, no compose plugin, no engine answering): every rollout would
+    fail otherwise. Other agents pass."""
+    import asyncio
+
+    from rollout_sdk.backend.sandboxed import SandboxedBackend
+
+    if not isinstance(agent, SandboxedBackend):
+        return
+    from rollout_sdk.backend.harbor.engine import EngineError
+
+    try:
+        asyncio.run(agent.check_engine())
+    except EngineError as exc:
+        refuse(f"the agent runs rollouts in sandboxes, and {exc}")
+
+
 __all__ = [
     "SETTINGS_REFUSED",
     "check_settings",
@@ -153,5 +171,6 @@ __all__ = [
     "load_agent_or_exit",
     "redis_location",
     "refuse",
+    "refuse_unready_engine",
     "refuse_unsafe_redis",
 ]

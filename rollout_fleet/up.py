@@ -37,6 +37,7 @@ from rollout_fleet.startup import (
     load_agent_or_exit,
     redis_location,
     refuse,
+    refuse_unready_engine,
     refuse_unsafe_redis,
 )
 
@@ -144,6 +145,7 @@ def _preflight(options: UpOptions) -> tuple[FleetSettings, Ports]:
     if options.mock_trainer is not None:
         trainer = _choose_port("the mock TrainGate", options.mock_trainer_port, 9001, taken)
     agent = load_agent_or_exit(options.agent)  # as the gateway and the workers will
+    refuse_unready_engine(agent)
     if "redis_url" in settings.model_fields_set:  # given one: it must answer, and keep rollouts
         refuse_unsafe_redis(settings, agent.name, admits=True, must_answer=True)
     return settings, Ports(gateway, flower or free_port(), trainer or free_port())

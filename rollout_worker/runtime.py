@@ -35,6 +35,7 @@ from rollout_core.queue.envelope import task_message
 from rollout_core.secrets import SecretBox, check_key_canary, load_secret_box
 from rollout_core.settings import FleetSettings
 from rollout_core.store import Protocol, RecordKey, RecordStore, StoreError, WorkerBeat
+from rollout_sdk.backend.sandboxed import SandboxedBackend, SandboxSettings
 from rollout_sdk.client import HttpClientShards, observe_traingate_calls
 from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop
@@ -109,13 +110,32 @@ async def sandbox_fleet(store: RecordStore) -> str:
     return f"{store.keys.prefix}@{await store.deployment_id(str(uuid.uuid4()))}"
 
 
+def sandbox_settings(settings: FleetSettings) -> SandboxSettings:
+    """The operator's ``sandbox_*`` settings, as a sandboxed backend takes them."""
+    return SandboxSettings(
+        slots=settings.sandbox_slots,
+        build_network=settings.sandbox_build_network,
+        egress=settings.sandbox_egress,
+        log_retention_seconds=settings.result_retention_seconds,
+        folder=settings.sandbox_dir,
+        memory_mb=settings.sandbox_memory_mb,
+        pids=settings.sandbox_pids,
+        cpus=settings.sandbox_cpus,
+        disk_mb=settings.sandbox_disk_mb,
+        output_mb=settings.sandbox_output_mb,
+        trials_mb=settings.sandbox_trials_mb,
+        allowed_keys=frozenset(settings.sandbox_allow),
+        task_roots=tuple(settings.sandbox_task_roots),
+        task_hosts=frozenset(settings.sandbox_task_hosts),
+    )
+
+
 def sandbox_figures(agent: Agent) -> tuple[int, int]:
     """Sandboxes an agent's backend runs at most at once and runs now ((0, 0): none), also
     published as this process's metrics."""
-    figures = getattr(agent, "sandbox_figures", None)
-    if not callable(figures):
+    if not isinstance(agent, SandboxedBackend):
         return 0, 0
-    found = figures()
+    found = agent.sandbox_figures()
     slots, running = int(found.get("slots", 0)), int(found.get("running", 0))
     metrics.SANDBOX_SLOTS.set(slots)
     metrics.SANDBOXES_RUNNING.set(running)
@@ -154,15 +174,9 @@ class _OnLoop:
         # Upstream's OTLP ownership logs (OSMOSIS_ROLLOUT_OTLP_ENDPOINT), owned by this worker.
         ownership = OwnershipLog(owner_from_env(default_server_id=worker))
         ownership.start()
-        configure = getattr(agent, "configure", None)
-        if callable(configure):  # a sandboxed agent's backend takes this worker's limits
-            configure(
-                sandbox_slots=settings.sandbox_slots,
-                build_network=settings.sandbox_build_network,
-                egress=settings.sandbox_egress,
-                log_retention_seconds=settings.result_retention_seconds,
-                sandbox_dir=settings.sandbox_dir,
-            )
+        if isinstance(agent, SandboxedBackend):  # it takes this worker's limits
+            agent.configure(sandbox_settings(settings))
+            await agent.check_engine()  # one line naming what is missing, before any rollout
         fleet = await sandbox_fleet(store)
         carriers, speaks = _carriers(agent, settings, http, box, ownership, fleet)
 
@@ -266,9 +280,11 @@ class WorkerRuntime:
 
     def _sandbox_chores(self) -> dict[str, Coroutine[Any, Any, None]]:
         """With a sandboxed agent: the removal of sandboxes nobody owns (``sandboxes.py``)."""
-        if not callable(getattr(self.agent, "sandbox_figures", None)):
+        if not isinstance(self.agent, SandboxedBackend):
             return {}
-        janitor = SandboxJanitor(self._on_loop.store, self._on_loop.fleet, self.settings)
+        janitor = SandboxJanitor(
+            self._on_loop.store, self.agent.engine, self._on_loop.fleet, self.settings
+        )
         return {
             "sandbox-janitor": every(self.settings.sweep_interval_seconds, janitor.sweep),
             "sandbox-prewarm": self._prewarm(),
@@ -276,19 +292,17 @@ class WorkerRuntime:
         }
 
     async def _prune_trials(self) -> None:
-        prune = getattr(self.agent, "prune_trials", None)
-        if callable(prune):
-            await prune()
+        if isinstance(self.agent, SandboxedBackend):
+            await self.agent.prune_trials()
 
     async def _prewarm(self) -> None:
         """Build the agent's sandbox images once, while the worker starts (a rollout that
         comes first waits for the same build rather than starting another)."""
-        prewarm = getattr(self.agent, "prewarm", None)
-        if not callable(prewarm):
+        if not isinstance(self.agent, SandboxedBackend):
             return
         started = time.monotonic()
         try:
-            await prewarm()
+            await self.agent.prewarm()
         except Exception as exc:  # each rollout fails with the reason; the worker stays up
             logger.warning("sandbox images could not be built ahead: %s", exc)
             return

@@ -24,20 +24,18 @@ import logging
 
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordKey, RecordStore
-from rollout_sdk.backend.harbor.sandbox import (
-    EngineError,
-    LabelledSandbox,
-    labelled_sandboxes,
-    remove_project,
-)
+from rollout_sdk.backend.harbor.engine import EngineError, LabelledSandbox, SandboxEngine
 from rollout_worker import metrics
 
 logger = logging.getLogger(__name__)
 
 
 class SandboxJanitor:
-    def __init__(self, store: RecordStore, fleet: str, settings: FleetSettings) -> None:
+    def __init__(
+        self, store: RecordStore, engine: SandboxEngine, fleet: str, settings: FleetSettings
+    ) -> None:
         self._store = store
+        self._engine = engine
         self._fleet = fleet
         self._every = settings.lease_seconds
         self._engine_down_logged = False
@@ -47,7 +45,7 @@ class SandboxJanitor:
         if not await self._store.take_turn("sandboxes", self._every):
             return 0
         try:
-            found = await labelled_sandboxes(self._fleet)
+            found = await self._engine.labelled_sandboxes(self._fleet)
         except EngineError as exc:
             if not self._engine_down_logged:
                 logger.warning("sandbox sweep: the Docker engine did not answer: %s", exc)
@@ -59,7 +57,7 @@ class SandboxJanitor:
             if await self._owned(sandbox):
                 continue
             try:
-                await remove_project(sandbox.project)
+                await self._engine.remove_project(sandbox.project)
             except EngineError as exc:
                 logger.warning("could not remove sandbox %s: %s", sandbox.project, exc)
                 continue
@@ -77,7 +75,7 @@ class SandboxJanitor:
         if not self._store.keys.owns(sandbox.record):
             return True  # not a record of this fleet: not ours to judge
         holder = await self._store.execution_of(RecordKey(sandbox.record))
-        return holder == sandbox.execution
+        return bool(holder == sandbox.execution)
 
 
 __all__ = ["SandboxJanitor"]

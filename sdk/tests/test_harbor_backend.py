@@ -22,6 +22,7 @@ from rollout_sdk.backend.harbor.relay import serve
 from rollout_sdk.backend.harbor.results import messages_of
 from rollout_sdk.backend.harbor.sandbox import SandboxOwner
 from rollout_sdk.backend.harbor.tasks import TaskError, task_folder
+from rollout_sdk.backend.sandboxed import SandboxSettings
 from rollout_sdk.loader import AgentLoadError, load_agent
 
 
@@ -67,7 +68,8 @@ def test_which_task_a_rollout_runs(tmp_path: Path) -> None:
     assert task_folder(one, TaskMode.TEMPLATE, None) == one
     assert task_folder(tasks, TaskMode.DATASET, {"harbor_task_id": "two"}) == two
     assert task_folder(tasks, TaskMode.DATASET, {"harbor_task": str(one)}) == one
-    assert task_folder(tasks, TaskMode.DATASET, {"harbor_task": "org/name@v1"}) == "org/name@v1"
+    with pytest.raises(TaskError, match="names a registry package, which this fleet does not"):
+        task_folder(tasks, TaskMode.DATASET, {"harbor_task": "org/name@v1"})
     with pytest.raises(TaskError, match=r"dataset mode needs metadata\['harbor_task_id'\]"):
         task_folder(tasks, TaskMode.DATASET, {})
     with pytest.raises(TaskError, match="must be one folder name"):
@@ -128,7 +130,7 @@ def test_failed_trials_folders_go_after_their_retention(tmp_path: Path) -> None:
         (folder / "agent").mkdir(parents=True)
     os.utime(old, (time.time() - 120, time.time() - 120))
     backend = HarborBackend(tasks_dir=a_task(tmp_path / "t"), agent="oracle", trials_dir=trials)
-    backend.configure(sandbox_slots=None, build_network=None, log_retention_seconds=60)
+    backend.configure(SandboxSettings(log_retention_seconds=60))
     assert asyncio.run(backend.prune_trials()) == 1
     assert sorted(p.name for p in trials.iterdir()) == ["rfx-new"]
 
@@ -254,7 +256,7 @@ def test_a_sandbox_folder_holds_trials_task_copies_and_overlays(tmp_path: Path) 
     task = a_task(tmp_path / "t")
     backend = HarborBackend(tasks_dir=task, agent="oracle")
     folder = tmp_path / "sandboxes"
-    backend.configure(sandbox_slots=None, build_network="host", sandbox_dir=str(folder))
+    backend.configure(SandboxSettings(build_network="host", folder=str(folder)))
     assert backend.trials_dir == folder / "trials"
     assert backend.scratch == folder / "overlays"
     assert backend.tasks.root == folder / "tasks"
@@ -263,6 +265,6 @@ def test_a_sandbox_folder_holds_trials_task_copies_and_overlays(tmp_path: Path) 
     assert (folder / "overlays").is_dir()
 
     named = HarborBackend(tasks_dir=task, agent="oracle", trials_dir=tmp_path / "mine")
-    named.configure(sandbox_slots=None, build_network=None, sandbox_dir=str(folder))
+    named.configure(SandboxSettings(folder=str(folder)))
     assert named.trials_dir == tmp_path / "mine"  # the agent's own choice stands
     assert named.scratch == folder / "overlays"

@@ -410,9 +410,8 @@ def test_dataset_mode_and_a_per_rollout_task_pick_each_rollouts_task(
         f"backend = HarborBackend(orchestrator=TrialQueue(n_concurrent=3), "
         f"tasks_dir={str(folder / 'tasks')!r}, task_mode=TaskMode.DATASET, agent='oracle')\n"
     )
-    fleet = start_fleet(
-        str(main), handle=V2FleetUnderTest, workers=1, env=sandbox_env(engine, docker_config)
-    )
+    env = {**sandbox_env(engine, docker_config), "ROLLOUT_FLEET_SANDBOX_TASK_ROOTS": str(elsewhere)}
+    fleet = start_fleet(str(main), handle=V2FleetUnderTest, workers=1, env=env)
     assert isinstance(fleet, V2FleetUnderTest)
     try:
         rows = {

@@ -14,12 +14,14 @@ construction with what to do instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,20 +36,37 @@ from harbor.trial.trial import Trial
 
 from rollout_sdk.backend.artifacts import artifacts_dir
 from rollout_sdk.backend.base import ExecutionBackend
+from rollout_sdk.backend.harbor import environment as confined
 from rollout_sdk.backend.harbor import results
-from rollout_sdk.backend.harbor.egress import Egress, RefusedRoute, Route, build_relay, checked
+from rollout_sdk.backend.harbor.egress import (
+    RELAY_SERVICE,
+    Egress,
+    RefusedRoute,
+    Route,
+    build_relay,
+    checked,
+)
 from rollout_sdk.backend.harbor.egress import overlay as egress_overlay
+from rollout_sdk.backend.harbor.engine import BuildFailed, DockerEngine, EngineError
 from rollout_sdk.backend.harbor.harness import IMPORT_PATH, STAGED, Staging
 from rollout_sdk.backend.harbor.in_sandbox import StagedRollout
+from rollout_sdk.backend.harbor.policy import Limits, SandboxPolicy, disk_cap_mb
 from rollout_sdk.backend.harbor.sandbox import (
-    EngineError,
+    EXECUTION_LABEL,
     SandboxOwner,
     current_owner,
-    remove_trial,
     write_overlay,
 )
-from rollout_sdk.backend.harbor.tasks import PreparedTasks, TaskError, TaskMode, task_folder
+from rollout_sdk.backend.harbor.tasks import (
+    PreparedTasks,
+    TaskError,
+    TaskMode,
+    TaskSources,
+    task_folder,
+)
+from rollout_sdk.backend.harbor.thread import on_harbor_loop
 from rollout_sdk.backend.harbor.workflows import PackingError, SandboxWorkflow
+from rollout_sdk.backend.sandboxed import SandboxSettings
 from rollout_sdk.client.destinations import loopback_host
 from rollout_sdk.context import get_rollout_context
 from rollout_sdk.types.sample import (
@@ -64,6 +83,7 @@ logger = logging.getLogger(__name__)
 SILENT_AGENTS = frozenset({"oracle", "nop"})
 DEFAULT_SANDBOX_SLOTS = 8  # upstream's template: TrialQueue(n_concurrent=8)
 DEFAULT_LOG_RETENTION_SECONDS = 24 * 3600.0
+DISK_CHECK_SECONDS = 3.0  # how often a running trial's disk use is read
 
 
 class HarborBackendError(ValueError):
@@ -190,7 +210,10 @@ class HarborBackend(ExecutionBackend):
         )
         self.environment_config.type = EnvironmentType.DOCKER
         self._given_trials_dir = Path(trials_dir) if trials_dir else None
-        self.build_network: str | None = None
+        self.engine = DockerEngine()
+        self.settings = SandboxSettings()
+        self.build_network = self.settings.build_network
+        self.sources = TaskSources()
         self.use_folder(Path(tempfile.gettempdir()) / f"rollout-harbor-{os.getuid()}")
         self.cleanup_successful_trials = cleanup_successful_trials
         self.agent_setup_timeout_sec = agent_setup_timeout_sec
@@ -203,6 +226,7 @@ class HarborBackend(ExecutionBackend):
         self.queued = 0
         self.running = 0
         self._trials: dict[str, asyncio.Task[Any]] = {}
+        self._trials_running: set[str] = set()  # trial names whose folders are in use
 
     @property
     def name(self) -> str:
@@ -210,38 +234,39 @@ class HarborBackend(ExecutionBackend):
 
     # --- settings a fleet gives -------------------------------------------------------------
 
-    def configure(
-        self,
-        *,
-        sandbox_slots: int | None,
-        build_network: str | None,
-        egress: str = Egress.TRAINGATE,
-        log_retention_seconds: float | None = None,
-        sandbox_dir: str | None = None,
-    ) -> None:
-        """The worker's own limits: sandboxes at once, the network image builds use, where a
-        sandbox may connect, how long failed trials' folders are kept, and the folder its
-        trials are kept in."""
-        if log_retention_seconds is not None:
-            self.log_retention_seconds = log_retention_seconds
-        if sandbox_slots:
-            self.sandbox_slots = sandbox_slots
-        self.build_network = build_network
-        if sandbox_dir:
-            self.use_folder(Path(sandbox_dir))
-        self.tasks.build_network = build_network
-        self.egress = Egress(egress)
+    def configure(self, settings: SandboxSettings) -> None:
+        """The worker's settings: sandboxes at once, the network image builds use, where a
+        sandbox may connect, the limits every sandbox runs under, which task folders and
+        hosts a rollout may name, how long and how much of failed trials' folders are kept,
+        and the folder they are kept in."""
+        if settings.log_retention_seconds is not None:
+            self.log_retention_seconds = settings.log_retention_seconds
+        if settings.slots:
+            self.sandbox_slots = settings.slots
+        self.settings = settings
+        self.build_network = settings.build_network
+        self.egress = Egress(settings.egress)
+        self.sources = TaskSources(
+            roots=tuple(Path(root) for root in settings.task_roots),
+            git_hosts=frozenset(host.lower() for host in settings.task_hosts),
+        )
+        self.use_folder(Path(settings.folder) if settings.folder else self._root)
 
     def use_folder(self, root: Path) -> None:
         """Keep the trials' folders (unless ``trials_dir=`` named one), the prepared task
         copies and the Compose overlays under ``root``. What a trial bind-mounts from there
         the engine finds on its own host at the same path: a worker in a container keeps
         ``root`` at one path in the container and on the engine's host (docs/SANDBOXES.md)."""
+        self._root = root
         self.trials_dir = self._given_trials_dir or root / "trials"
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         self.scratch = root / "overlays"
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self.tasks = PreparedTasks(root / "tasks", self.build_network)
+        self.tasks = PreparedTasks(root / "tasks", self.engine, self.build_network)
+
+    async def check_engine(self) -> None:
+        """The docker CLI, its compose plugin and the engine answer (else one line)."""
+        await self.engine.check_ready()
 
     # --- ExecutionBackend -------------------------------------------------------------------
 
@@ -283,8 +308,15 @@ class HarborBackend(ExecutionBackend):
 
     async def prune_trials(self) -> int:
         """Remove the folders of trials that ended longer ago than the retention (failed
-        trials' logs; successful ones go at once); how many."""
-        return await asyncio.to_thread(_prune, self.trials_dir, self.log_retention_seconds)
+        trials' logs; successful ones go at once), then the oldest while they take more than
+        the cap (``ROLLOUT_FLEET_SANDBOX_TRIALS_MB``); how many."""
+        return await asyncio.to_thread(
+            _prune,
+            self.trials_dir,
+            self.log_retention_seconds,
+            self.settings.trials_mb * 2**20,
+            set(self._trials_running),
+        )
 
     async def prewarm(self, tasks: Any = None) -> None:
         """Build the images of the configured tasks before rollouts arrive."""
@@ -321,12 +353,16 @@ class HarborBackend(ExecutionBackend):
             execution=f"{os.getpid()}:{uuid.uuid4().hex[:12]}",
         )
         try:
-            folder = task_folder(self.tasks_dir, self.task_mode, request.metadata)
+            folder = task_folder(self.tasks_dir, self.task_mode, request.metadata, self.sources)
             if isinstance(folder, str):
                 folder = await self._fetch(folder, request.metadata or {})
             prepared = await self.tasks.prepare(folder, self.workflow)
         except (TaskError, OSError) as exc:
             return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
+        except BuildFailed as exc:
+            return _failed(
+                f"the task's image did not build: {exc}", RolloutErrorCategory.VALIDATION_ERROR
+            )
         except EngineError as exc:
             return _failed(
                 f"the sandbox image is not ready: {exc}", RolloutErrorCategory.INTERNAL_ERROR
@@ -352,25 +388,24 @@ class HarborBackend(ExecutionBackend):
             self._trials.pop(request.id, None)
 
     async def _fetch(self, reference: str, metadata: dict[str, Any]) -> Path:
-        from harbor.models.task.id import GitTaskId, PackageTaskId
+        """A task from a git checkout, its host allowed by the operator (``task_folder``)
+        and its address checked as every address the fleet connects to."""
+        from harbor.models.task.id import GitTaskId
         from harbor.tasks.client import TaskClient
 
-        task_id: Any
-        if metadata.get("git_url"):
-            task_id = GitTaskId(
-                git_url=metadata["git_url"],
-                git_commit_id=metadata.get("git_commit_id"),
-                path=Path(reference),
+        url = str(metadata["git_url"])
+        if ".." in Path(reference).parts or Path(reference).is_absolute():
+            raise TaskError(
+                f"metadata['harbor_task']={reference!r} must be a path inside the checkout"
             )
-        else:
-            name, _, ref = reference.partition("@")
-            org, slash, task = name.partition("/")
-            if not slash:
-                raise TaskError(
-                    f"metadata['harbor_task']={reference!r} must be a path (./, /, ~), a "
-                    "package 'org/name[@ref]', or a git checkout (with metadata['git_url'])"
-                )
-            task_id = PackageTaskId(org=org, name=task, ref=ref or "latest")
+        parts = urlsplit(url)
+        try:
+            await checked(Route(parts.hostname or "", parts.port or 443, "", url))
+        except RefusedRoute as exc:
+            raise TaskError(f"metadata['git_url']: {exc}") from None
+        task_id = GitTaskId(
+            git_url=url, git_commit_id=metadata.get("git_commit_id"), path=Path(reference)
+        )
         batch = await TaskClient().download_tasks([task_id])
         return Path(batch.paths[0])
 
@@ -424,60 +459,31 @@ class HarborBackend(ExecutionBackend):
             return {}, None
         url = (ctx.chat_completions_url if ctx else "") or ""
         route = await checked(Route.to(url)) if url and self._talks_to_the_model() else None
-        image = await build_relay(self.build_network) if route is not None else None
+        image = await build_relay(self.engine) if route is not None else None
         return egress_overlay(owner.labels(), route, image), route
 
     async def _trial(
         self, request: ExecutionRequest, task: Path, owner: SandboxOwner, ctx: Any
     ) -> ExecutionOutcome:
-        url = (ctx.chat_completions_url if ctx else "") or ""
-        if self._talks_to_the_model() and url:
-            try:
-                _reachable(url)
-            except TaskError as exc:
-                return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
         try:
-            extra, route = await self._egress(ctx, owner)
-        except RefusedRoute as exc:
-            return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
-        except EngineError as exc:
-            message = f"the sandbox's egress relay is not ready: {exc}"
-            return _failed(message, RolloutErrorCategory.INTERNAL_ERROR)
-        if route is not None and ctx is not None:
-            ctx = _Endpoint(route.url, ctx.api_key)
-        overlay = write_overlay(owner, self.scratch, extra)
-        environment = self.environment_config.model_copy(deep=True)
-        environment.extra_docker_compose = [*environment.extra_docker_compose, overlay]
-        environment.delete = True
-        verifier = VerifierConfig(disable=not request.grade or not (task / "tests").is_dir())
-        if request.grader_timeout_sec is not None:
-            verifier.override_timeout_sec = request.grader_timeout_sec
-        try:
-            agent = self._agent_config(request, ctx)
-        except TaskError as exc:
-            return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
-        config = TrialConfig(
-            task=TaskConfig(path=task),
-            trial_name=owner.trial_name,
-            trials_dir=self.trials_dir,
-            agent=agent,
-            environment=environment,
-            verifier=verifier,
-        )
+            plan = await self._plan(request, task, owner, ctx)
+        except _Refused as cannot:
+            return _failed(cannot.message, cannot.category)
         trial_dir = self.trials_dir / owner.trial_name
         succeeded = False
-        if self.workflow is not None:
-            try:
-                STAGED[owner.trial_name] = self._staging(request, ctx)
-            except TaskError as exc:
-                return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
+        refused: list[str] = []
+        self._trials_running.add(owner.trial_name)
         try:
-            trial = await Trial.create(config)
-            result = await trial.run()
-            done = results.outcome(
+            result = await self._run_watched(plan.config, owner, plan.limits, refused)
+            if refused:
+                return _failed(
+                    f"the sandbox was refused: {refused[0]}", RolloutErrorCategory.VALIDATION_ERROR
+                )
+            done = await asyncio.to_thread(
+                results.outcome,
                 result,
                 trial_dir,
-                graded=not verifier.disable,
+                graded=not plan.config.verifier.disable,
                 workflow=self.workflow is not None,
                 silent=self.workflow is None and self.agent in SILENT_AGENTS,
             )
@@ -486,12 +492,121 @@ class HarborBackend(ExecutionBackend):
             return done
         finally:
             STAGED.pop(owner.trial_name, None)
-            await _settle(remove_trial(owner.trial_name))
-            overlay.unlink(missing_ok=True)
+            await _settle(self.engine.remove_trial(owner.trial_name))
+            plan.overlay.unlink(missing_ok=True)
+            self._trials_running.discard(owner.trial_name)
             if succeeded and self.cleanup_successful_trials:
-                shutil.rmtree(trial_dir, ignore_errors=True)
-            elif trial_dir.is_dir():
+                await asyncio.to_thread(shutil.rmtree, trial_dir, True)
+            else:
                 logger.warning("rollout %s: its trial's logs are kept in %s", request.id, trial_dir)
+
+    async def _plan(
+        self, request: ExecutionRequest, task: Path, owner: SandboxOwner, ctx: Any
+    ) -> _Plan:
+        """The trial's configuration: its egress, its policy and its agent; or
+        :class:`_Refused` with why the rollout cannot run."""
+        url = (ctx.chat_completions_url if ctx else "") or ""
+        try:
+            if self._talks_to_the_model() and url:
+                _reachable(url)
+            extra, route = await self._egress(ctx, owner)
+        except (TaskError, RefusedRoute) as exc:
+            raise _Refused(str(exc)) from None
+        except EngineError as exc:
+            message = f"the sandbox's egress relay is not ready: {exc}"
+            raise _Refused(message, RolloutErrorCategory.INTERNAL_ERROR) from None
+        if route is not None and ctx is not None:
+            ctx = _Endpoint(route.url, ctx.api_key)
+        trial_dir = self.trials_dir / owner.trial_name
+        limits = await asyncio.to_thread(self._limits, task)
+        policy = SandboxPolicy(
+            limits=limits,
+            labels=owner.labels(),
+            mount_roots=(str(trial_dir), str(task)),
+            open_networks=frozenset({"egress"}) if route is not None else frozenset(),
+            relay=RELAY_SERVICE if route is not None else None,
+            closed=self.egress is Egress.TRAINGATE,
+            build_network=self.build_network,
+            allowed=self.settings.allowed_keys,
+        )
+        environment = self.environment_config.model_copy(deep=True)
+        environment.import_path = confined.IMPORT_PATH
+        environment.kwargs = {**environment.kwargs, **confined.policy_kwargs(policy)}
+        verifier = VerifierConfig(disable=not request.grade or not (task / "tests").is_dir())
+        if request.grader_timeout_sec is not None:
+            verifier.override_timeout_sec = request.grader_timeout_sec
+        try:
+            agent = self._agent_config(request, ctx)
+            if self.workflow is not None:
+                STAGED[owner.trial_name] = self._staging(request, ctx)
+        except TaskError as exc:
+            raise _Refused(str(exc)) from None
+        overlay = write_overlay(owner, self.scratch, extra)
+        environment.extra_docker_compose = [*environment.extra_docker_compose, overlay]
+        environment.delete = True
+        config = TrialConfig(
+            task=TaskConfig(path=task),
+            trial_name=owner.trial_name,
+            trials_dir=self.trials_dir,
+            agent=agent,
+            environment=environment,
+            verifier=verifier,
+        )
+        return _Plan(config, limits, overlay)
+
+    def _limits(self, task: Path) -> Limits:
+        """The operator's limits, lowered by the task's own ``storage_mb``."""
+        settings = self.settings
+        storage = _task_storage_mb(task)
+        return Limits(
+            memory_mb=settings.memory_mb,
+            pids=settings.pids,
+            cpus=settings.cpus,
+            disk_mb=disk_cap_mb(Limits(disk_mb=settings.disk_mb), storage),
+            output_mb=settings.output_mb,
+        )
+
+    async def _run_watched(
+        self, config: TrialConfig, owner: SandboxOwner, limits: Limits, refused: list[str]
+    ) -> Any:
+        """The trial on Harbor's own loop, its containers' disk watched: past the cap the
+        trial is stopped and the reason noted in ``refused``."""
+
+        async def run() -> Any:
+            confined.refusals.set(refused)
+            trial = await Trial.create(config)
+            return await trial.run()
+
+        trial = asyncio.ensure_future(on_harbor_loop(run()))
+        cap = limits.disk_mb * 2**20
+        label = f"{EXECUTION_LABEL}={owner.execution}"
+        while not trial.done():
+            await asyncio.wait({trial}, timeout=DISK_CHECK_SECONDS)
+            if trial.done():
+                break
+            try:
+                written = await self.engine.disk_written(label)
+            except EngineError:
+                continue
+            if written > cap:
+                refused.append(
+                    f"its containers wrote {written // 2**20} MB to their disk, over the "
+                    f"{limits.disk_mb} MB cap (ROLLOUT_FLEET_SANDBOX_DISK_MB, or the task's "
+                    "storage_mb if lower)"
+                )
+                trial.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await trial
+                return None
+        return trial.result()
+
+
+def _task_storage_mb(task: Path) -> Any:
+    try:
+        config = tomllib.loads((task / "task.toml").read_text())
+    except (OSError, ValueError):
+        return None
+    return (config.get("environment") or {}).get("storage_mb")
 
 
 async def _keep_artifacts(trial_dir: Path, rollout_id: str) -> None:
@@ -522,18 +637,63 @@ async def _keep_artifacts(trial_dir: Path, rollout_id: str) -> None:
         logger.warning("rollout %s: its trial's artifacts were not kept: %s", rollout_id, exc)
 
 
-def _prune(folder: Path, older_than: float) -> int:
-    cutoff = time.time() - older_than
-    removed = 0
-    for trial in folder.iterdir() if folder.is_dir() else ():
+def _size(folder: Path) -> int:
+    total = 0
+    for path in folder.rglob("*"):
         try:
-            stale = trial.is_dir() and trial.stat().st_mtime < cutoff
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
         except OSError:
             continue
-        if stale:
+    return total
+
+
+def _prune(folder: Path, older_than: float, cap: int, running: set[str]) -> int:
+    """Remove trial folders older than ``older_than`` seconds, then the oldest ended ones
+    while all of them take more than ``cap`` bytes; how many (runs in a worker thread)."""
+    cutoff = time.time() - older_than
+    removed = 0
+    ended: list[tuple[float, int, Path]] = []
+    for trial in folder.iterdir() if folder.is_dir() else ():
+        try:
+            if not trial.is_dir() or trial.name in running:
+                continue
+            modified = trial.stat().st_mtime
+        except OSError:
+            continue
+        if modified < cutoff:
             shutil.rmtree(trial, ignore_errors=True)
             removed += 1
+        else:
+            ended.append((modified, _size(trial), trial))
+    total = sum(size for _, size, _ in ended)
+    for _, size, trial in sorted(ended, key=lambda entry: entry[0]):
+        if total <= cap:
+            break
+        shutil.rmtree(trial, ignore_errors=True)
+        total -= size
+        removed += 1
     return removed
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A trial ready to run: Harbor's configuration, its limits and the overlay file."""
+
+    config: TrialConfig
+    limits: Limits
+    overlay: Path
+
+
+class _Refused(Exception):
+    """The rollout cannot run its trial; the message says why."""
+
+    def __init__(
+        self, message: str, category: RolloutErrorCategory = RolloutErrorCategory.VALIDATION_ERROR
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.category = category
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from rollout_sdk.backend.harbor.sandbox import docker, image_exists
+from rollout_sdk.backend.harbor.engine import DockerEngine
 
 RELAY_BASE = "python:3.12-slim-bookworm"
 RELAY_SERVICE = "rollout-egress"
@@ -105,17 +105,17 @@ def relay_image() -> str:
     return f"rollout-fleet-sandbox-relay:{digest}"
 
 
-async def build_relay(build_network: str | None) -> str:
-    """The relay's image (``RELAY_BASE`` plus ``relay.py``), built once per engine."""
+async def build_relay(engine: DockerEngine) -> str:
+    """The relay's image (``RELAY_BASE`` plus ``relay.py``), built once per engine, with no
+    network (it only copies a file)."""
     image = relay_image()
-    if await image_exists(image):
+    if await engine.image_exists(image):
         return image
     with tempfile.TemporaryDirectory(prefix="rollout-sandbox-relay-") as folder:
         context = Path(folder)
         (context / "relay.py").write_bytes((Path(__file__).parent / "relay.py").read_bytes())
         (context / "Dockerfile").write_text(f"FROM {RELAY_BASE}\nCOPY relay.py /relay.py\n")
-        network = ("--network", build_network) if build_network else ()
-        await docker("build", "-q", *network, "-t", image, str(context), seconds=600)
+        await engine.build(context, image, network="none", labels={})
     return image
 
 
@@ -142,4 +142,13 @@ def overlay(labels: dict[str, str], route: Route | None, image: str | None) -> d
     return {"services": services, "networks": networks}
 
 
-__all__ = ["Egress", "RefusedRoute", "Route", "build_relay", "checked", "overlay", "relay_image"]
+__all__ = [
+    "RELAY_SERVICE",
+    "Egress",
+    "RefusedRoute",
+    "Route",
+    "build_relay",
+    "checked",
+    "overlay",
+    "relay_image",
+]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,35 @@ PHASES = {
     "verifier_sec": "verifier",
 }
 TIMEOUT_EXCEPTIONS = ("AgentTimeoutError", "VerifierTimeoutError", "TimeoutError")
+# Harbor's errors when the task's own tests misbehave: the task's fault, not the agent's.
+TASK_FAULTS = (
+    "RewardFileNotFoundError",
+    "RewardFileEmptyError",
+    "VerifierOutputParseError",
+    "OverflowError",
+)
+NOT_FINITE = "the task's tests gave a reward that is not a finite number"
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float; None when it is none (too large, NaN, not a number)."""
+    try:
+        found = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return found if math.isfinite(found) else None
+
+
+def _rewards(result: Any) -> tuple[float | None, dict[str, float], bool]:
+    """The verifier's reward, its other rewards as metrics, and whether all were finite."""
+    rewards = getattr(getattr(result, "verifier_result", None), "rewards", None) or {}
+    if not isinstance(rewards, dict):
+        return None, {}, False
+    raw = rewards.get("reward", next(iter(rewards.values()), None)) if rewards else None
+    others = {f"reward_{k}": finite(v) for k, v in rewards.items() if k != "reward"}
+    reward = finite(raw) if raw is not None else None
+    ok = (raw is None or reward is not None) and None not in others.values()
+    return reward, {k: v for k, v in others.items() if v is not None}, ok
 
 
 def timings(result: Any) -> dict[str, float]:
@@ -156,8 +186,16 @@ def workflow_outcome(
     grader = _stored(trial_dir / "verifier" / "rollout-graded.json")
     if grader is not None:
         return ExecutionOutcome(workflow=ran, grader=_with_timings(grader, seconds))
-    rewards = getattr(getattr(result, "verifier_result", None), "rewards", None) or {}
-    reward = rewards.get("reward", next(iter(rewards.values()), None)) if rewards else None
+    reward, _, finite_rewards = _rewards(result)
+    if not finite_rewards:
+        failed = ran.model_copy(
+            update={
+                "status": RolloutStatus.FAILURE,
+                "err_message": NOT_FINITE,
+                "err_category": RolloutErrorCategory.VALIDATION_ERROR,
+            }
+        )
+        return ExecutionOutcome(workflow=ran, grader=failed)
     if reward is None or ran.sample is None:
         failed = ran.model_copy(
             update={
@@ -168,7 +206,7 @@ def workflow_outcome(
             }
         )
         return ExecutionOutcome(workflow=ran, grader=failed)
-    sample = ran.sample.model_copy(update={"reward": float(reward)})
+    sample = ran.sample.model_copy(update={"reward": reward})
     return ExecutionOutcome(workflow=ran, grader=ran.model_copy(update={"sample": sample}))
 
 
@@ -206,21 +244,24 @@ def outcome(
         )
         return ExecutionOutcome(workflow=missing)
     messages = trajectory or []
-    rewards = getattr(getattr(result, "verifier_result", None), "rewards", None) or {}
-    reward = rewards.get("reward", next(iter(rewards.values()), None)) if rewards else None
+    reward, others, finite_rewards = _rewards(result)
     sample = RolloutSample(
-        messages=messages,
-        reward=float(reward) if reward is not None else None,
-        metrics={
-            **usage(result),
-            **seconds,
-            **{f"reward_{k}": float(v) for k, v in rewards.items() if k != "reward"},
-        },
+        messages=messages, reward=reward, metrics={**usage(result), **seconds, **others}
     )
+    if not finite_rewards:
+        failed = ExecutionResult(
+            status=RolloutStatus.FAILURE,
+            sample=sample,
+            err_message=NOT_FINITE,
+            err_category=RolloutErrorCategory.VALIDATION_ERROR,
+        )
+        return ExecutionOutcome(workflow=failed)
     if error is not None:
         category = (
             RolloutErrorCategory.TIMEOUT
             if error.exception_type in TIMEOUT_EXCEPTIONS
+            else RolloutErrorCategory.VALIDATION_ERROR
+            if error.exception_type in TASK_FAULTS
             else RolloutErrorCategory.AGENT_ERROR
         )
         text = f"{error.exception_type}: {error.exception_message}".strip().rstrip(":")

@@ -3,8 +3,11 @@
 A task is a folder: ``task.toml``, ``instruction.md``, ``environment/Dockerfile`` (or a
 ``docker_image`` in ``task.toml``), ``tests/test.sh``. ``template`` mode runs every rollout
 on the one task in ``tasks_dir``; ``dataset`` mode picks ``tasks_dir/<metadata["harbor_task_id"]>``;
-``metadata["harbor_task"]`` names a task folder for one rollout (a path, or what Harbor's task
-client fetches: ``org/name[@ref]``, or a git checkout with ``metadata["git_url"]``).
+``metadata["harbor_task"]`` names a task folder for one rollout: a path, which must lie under
+``tasks_dir`` or a root the operator named (``ROLLOUT_FLEET_SANDBOX_TASK_ROOTS``), or a git
+checkout (``metadata["git_url"]``) from a host the operator allowed
+(``ROLLOUT_FLEET_SANDBOX_TASK_HOSTS``, none by default). A rollout's metadata comes from the
+trainer's dataset: it never picks a folder or a host the operator did not.
 
 Images: Harbor builds a task's image for every trial and removes it with the trial. Here the
 image is built once per task content and tagged with its hash (``rollout-fleet-sandbox/<name>:
@@ -18,20 +21,25 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 import shutil
+import string
 import tempfile
 import tomllib
 import uuid
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from rollout_sdk.backend.harbor.sandbox import docker, image_exists
+from rollout_sdk.backend.harbor.engine import DockerEngine, docker
 from rollout_sdk.backend.harbor.workflows import SandboxWorkflow
 
 logger = logging.getLogger(__name__)
 
 IMAGE_REPOSITORY = "rollout-fleet-sandbox"
+_TAG_CHARACTERS = frozenset(string.ascii_lowercase + string.digits + "._-")
 
 
 class TaskMode(StrEnum):
@@ -43,18 +51,61 @@ class TaskError(ValueError):
     """A rollout names no task, or one that does not exist."""
 
 
-def task_folder(tasks_dir: Path, mode: TaskMode, metadata: dict[str, Any] | None) -> Path | str:
-    """The task folder a rollout runs, or a reference for Harbor's task client."""
+@dataclass(frozen=True)
+class TaskSources:
+    """Where a rollout's own task may come from, beside ``tasks_dir``: folders (resolved,
+    links followed) and git hosts, as the operator named them."""
+
+    roots: tuple[Path, ...] = ()
+    git_hosts: frozenset[str] = frozenset()
+
+    def folder(self, path: Path, tasks_dir: Path) -> Path:
+        resolved = path.resolve()
+        for root in (tasks_dir, *self.roots):
+            if resolved.is_relative_to(root.resolve()):
+                return resolved
+        raise TaskError(
+            f"metadata['harbor_task'] names {path}, outside tasks_dir and the task roots: a "
+            "rollout runs only tasks under the folders the operator named "
+            "(ROLLOUT_FLEET_SANDBOX_TASK_ROOTS)"
+        )
+
+    def git_url(self, url: str) -> str:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if parts.scheme != "https" or not host or host not in self.git_hosts:
+            raise TaskError(
+                f"metadata['git_url'] names {parts.scheme or '?'}://{host or '?'}, not an https "
+                "host the operator allowed (ROLLOUT_FLEET_SANDBOX_TASK_HOSTS, none by default)"
+            )
+        return url
+
+
+def task_folder(
+    tasks_dir: Path,
+    mode: TaskMode,
+    metadata: dict[str, Any] | None,
+    sources: TaskSources = TaskSources(),
+) -> Path | str:
+    """The task folder a rollout runs, or a reference for Harbor's task client (a git
+    checkout from an allowed host)."""
     metadata = metadata or {}
     reference = metadata.get("harbor_task")
     if reference:
         reference = str(reference)
-        if reference.startswith((".", "/", "~")):
-            path = Path(reference).expanduser()
-            if not path.is_absolute():
-                path = (tasks_dir / path).resolve()
-            return _checked(path, "metadata['harbor_task']")
-        return reference
+        if metadata.get("git_url"):
+            sources.git_url(str(metadata["git_url"]))
+            return reference
+        if not reference.startswith((".", "/", "~")):
+            raise TaskError(
+                f"metadata['harbor_task']={reference!r} names a registry package, which this "
+                "fleet does not fetch: give a path under tasks_dir or a task root (./, /), or "
+                "a git checkout from an allowed host (metadata['git_url'])"
+            )
+        path = Path(reference).expanduser()
+        if not path.is_absolute():
+            path = tasks_dir / path
+        return _checked(sources.folder(path, tasks_dir), "metadata['harbor_task']")
     if mode is TaskMode.TEMPLATE:
         return _checked(tasks_dir, "tasks_dir")
     task_id = metadata.get("harbor_task_id")
@@ -63,9 +114,11 @@ def task_folder(tasks_dir: Path, mode: TaskMode, metadata: dict[str, Any] | None
             "dataset mode needs metadata['harbor_task_id'] (a folder in tasks_dir) or "
             "metadata['harbor_task'] on every row"
         )
-    if "/" in str(task_id) or str(task_id) in (".", ".."):
+    if "/" in str(task_id) or "\\" in str(task_id) or str(task_id) in (".", ".."):
         raise TaskError(f"metadata['harbor_task_id']={task_id!r} must be one folder name")
-    return _checked(tasks_dir / str(task_id), "metadata['harbor_task_id']")
+    return _checked(
+        sources.folder(tasks_dir / str(task_id), tasks_dir), "metadata['harbor_task_id']"
+    )
 
 
 def _checked(path: Path, source: str) -> Path:
@@ -94,17 +147,27 @@ def content_hash(folder: Path, *extra: bytes) -> str:
 
 
 def _image_name(task: Path) -> str:
-    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in task.name.lower()).strip(".-")
+    """A valid image name for any folder name: ASCII letters, digits and ``._-`` only (a
+    folder named in another script becomes ``task``; the tag's hash tells tasks apart)."""
+    kept = (c if c in _TAG_CHARACTERS else "-" for c in task.name.lower())
+    name = re.sub(r"-{2,}", "-", "".join(kept)).strip(".-_")[:64].strip(".-_")
     return name or "task"
 
 
 class PreparedTasks:
     """Prepared copies of tasks, each naming its image, built at most once per content."""
 
-    def __init__(self, root: Path, build_network: str | None = None) -> None:
+    def __init__(
+        self, root: Path, engine: DockerEngine, build_network: str = "none", fleet: str = ""
+    ) -> None:
         self.root = root
-        self.build_network = build_network
+        self.engine = engine
+        self.build_network = build_network  # none: a task's RUN reaches nothing
+        self.fleet = fleet
         self._locks: dict[str, asyncio.Lock] = {}
+
+    def _labels(self, task: Path) -> dict[str, str]:
+        return {"org.rollout-fleet.task": _image_name(task)}
 
     async def prepare(self, task: Path, layer: SandboxWorkflow | None = None) -> Path:
         """The prepared copy of ``task`` whose image exists on the engine: the task's own
@@ -124,9 +187,9 @@ class PreparedTasks:
         async with self._locks.setdefault(key, asyncio.Lock()):
             if not (copy / "task.toml").is_file():
                 await asyncio.to_thread(_copy_naming_image, task, copy, image, grading)
-            if not await image_exists(tag):
+            if not await self.engine.image_exists(tag):
                 await self._build(task, tag)
-            if layer is not None and not await image_exists(image):
+            if layer is not None and not await self.engine.image_exists(image):
                 await self._build_layer(layer, tag, image)
         return copy
 
@@ -134,8 +197,9 @@ class PreparedTasks:
         started = asyncio.get_running_loop().time()
         with tempfile.TemporaryDirectory(prefix="rollout-sandbox-layer-") as folder:
             await asyncio.to_thread(layer.write_context, Path(folder), base)
-            network = ("--network", self.build_network) if self.build_network else ()
-            await docker("build", "-q", *network, "-t", image, folder, seconds=1800)
+            await self.engine.build(
+                Path(folder), image, network=self.build_network, labels=self._labels(layer.code_dir)
+            )
         took = asyncio.get_running_loop().time() - started
         logger.info("sandbox image %s (with the workflow) ready in %.1fs", image, took)
 
@@ -144,14 +208,24 @@ class PreparedTasks:
         environment = task / "environment"
         started = asyncio.get_running_loop().time()
         if (environment / "Dockerfile").is_file():
-            network = ("--network", self.build_network) if self.build_network else ()
-            await docker("build", "-q", *network, "-t", tag, str(environment), seconds=1800)
+            await self.engine.build(
+                environment, tag, network=self.build_network, labels=self._labels(task)
+            )
         elif configured:
             await docker("tag", str(configured), tag)
         else:
             raise TaskError(f"{task} has neither environment/Dockerfile nor a docker_image")
         took = asyncio.get_running_loop().time() - started
         logger.info("sandbox image %s ready in %.1fs", tag, took)
+
+
+def _drop_links_out(folder: Path) -> None:
+    """Remove links that lead out of the copy: a task's compose file may bind-mount its own
+    files, and a link would take the mount anywhere on the engine's host."""
+    root = folder.resolve()
+    for path in list(folder.rglob("*")):
+        if path.is_symlink() and not path.resolve().is_relative_to(root):
+            path.unlink()
 
 
 def _task_config(task: Path) -> dict[str, Any]:
@@ -165,6 +239,7 @@ def _copy_naming_image(task: Path, copy: Path, tag: str, grading: str | None) ->
     copy.parent.mkdir(parents=True, exist_ok=True)
     staging = copy.with_name(f".{copy.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     shutil.copytree(task, staging, symlinks=True)
+    _drop_links_out(staging)
     config = _task_config(task)
     config.setdefault("environment", {})["docker_image"] = tag
     import toml  # Harbor's own dependency, as Harbor writes task files with it
@@ -182,4 +257,11 @@ def _copy_naming_image(task: Path, copy: Path, tag: str, grading: str | None) ->
         shutil.rmtree(staging, ignore_errors=True)
 
 
-__all__ = ["IMAGE_REPOSITORY", "PreparedTasks", "TaskError", "TaskMode", "task_folder"]
+__all__ = [
+    "IMAGE_REPOSITORY",
+    "PreparedTasks",
+    "TaskError",
+    "TaskMode",
+    "TaskSources",
+    "task_folder",
+]

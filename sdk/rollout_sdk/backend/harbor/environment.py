@@ -1,0 +1,250 @@
+"""Harbor's Docker environment, confined: the class every trial's environment is made of.
+
+Harbor builds a trial's Compose project from its own files, the task's and the fleet's
+overlays, and runs ``docker compose`` with that list for every step. Here, before the first
+step that creates anything, Compose renders the whole model once, :func:`policy.confine`
+checks and limits it, and from then on every step runs that one rendered file: what runs is
+what was checked (``policy.py``). What comes back out of the sandbox (logs, rewards,
+trajectories, artifacts) is copied through :meth:`DockerEngine.copy_out` against the trial's
+byte budget, in a worker thread, never Harbor's unbounded ``docker cp`` into memory or disk;
+a command's output is kept up to a cap. Harbor's synchronous engine probes (the daemon's OS,
+a kernel probe container) are not run on the event loop.
+
+A refusal (the policy's, or a copy over its budget) is also noted in :data:`refusals`, which
+the backend sets per trial: Harbor wraps some errors in its own, and the rollout's error must
+name the key, file and cap, as a ``validation_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import json
+import os
+import posixpath
+from pathlib import Path
+from typing import Any, override
+
+from harbor.environments.base import ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.environments.docker.docker import DockerEnvironment
+
+from rollout_sdk.backend.harbor.engine import CopyBudget, DockerEngine, OverBudget
+from rollout_sdk.backend.harbor.policy import Limits, PolicyRefusal, SandboxPolicy, confine
+
+IMPORT_PATH = f"{__name__}:ConfinedDockerEnvironment"
+OUTPUT_CAP_BYTES = 1 * 2**20  # a command's output kept in memory (the rest is counted)
+REWARD_CAP_BYTES = 64 * 2**10  # reward.txt / reward.json, read whole by Harbor
+MODEL_CAP_BYTES = 4 * 2**20  # the rendered Compose model
+SMALL_FILES = {"reward.txt": REWARD_CAP_BYTES, "reward.json": REWARD_CAP_BYTES}
+
+# Why the current trial's sandbox was refused (set per trial by the backend).
+refusals: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "rollout_sandbox_refusals", default=None
+)
+
+
+def _note(reason: str) -> None:
+    noted = refusals.get()
+    if noted is not None and reason not in noted:
+        noted.append(reason)
+
+
+def policy_kwargs(policy: SandboxPolicy) -> dict[str, Any]:
+    """The environment's constructor arguments (Harbor passes ``EnvironmentConfig.kwargs``)."""
+    limits = policy.limits
+    return {
+        "fleet_policy": {
+            "limits": {
+                "memory_mb": limits.memory_mb,
+                "pids": limits.pids,
+                "cpus": limits.cpus,
+                "disk_mb": limits.disk_mb,
+                "output_mb": limits.output_mb,
+            },
+            "labels": dict(policy.labels),
+            "mount_roots": list(policy.mount_roots),
+            "open_networks": sorted(policy.open_networks),
+            "relay": policy.relay,
+            "closed": policy.closed,
+            "build_network": policy.build_network,
+            "allowed": sorted(policy.allowed),
+        }
+    }
+
+
+def _policy(raw: dict[str, Any]) -> SandboxPolicy:
+    return SandboxPolicy(
+        limits=Limits(**raw["limits"]),
+        labels=raw["labels"],
+        mount_roots=tuple(raw["mount_roots"]),
+        open_networks=frozenset(raw["open_networks"]),
+        relay=raw["relay"],
+        closed=raw["closed"],
+        build_network=raw["build_network"],
+        allowed=frozenset(raw["allowed"]),
+    )
+
+
+class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
+    def __init__(self, *args: Any, fleet_policy: dict[str, Any], **kwargs: Any) -> None:
+        self._fleet_policy = _policy(fleet_policy)
+        self._confined_path: Path | None = None
+        self._engine = DockerEngine()
+        output = self._fleet_policy.limits.output_mb * 2**20
+        self._budget = CopyBudget(remaining=output, total=output, small_files=SMALL_FILES)
+        super().__init__(*args, **kwargs)
+
+    # --- the model a trial runs ---------------------------------------------------------
+
+    @property
+    @override
+    def _docker_compose_paths(self) -> list[Path]:
+        if self._confined_path is not None:
+            return [self._confined_path]
+        paths: list[Path] = super()._docker_compose_paths
+        return paths
+
+    @override
+    async def _run_docker_compose_command(
+        self, command: list[str], *args: Any, **kwargs: Any
+    ) -> ExecResult:
+        if self._confined_path is None and command[:1] != ["config"]:
+            await self._confine()
+        return await super()._run_docker_compose_command(command, *args, **kwargs)
+
+    async def _confine(self) -> None:
+        rendered = self.trial_paths.trial_dir / f"{self.session_id}.compose.rendered.json"
+        await super()._run_docker_compose_command(
+            ["config", "--format", "json", "--output", str(rendered)]
+        )
+        task = self.environment_name
+        try:
+            confined = await asyncio.to_thread(_confined, rendered, self._fleet_policy, task)
+        except PolicyRefusal as exc:
+            _note(str(exc))
+            raise
+        finally:
+            rendered.unlink(missing_ok=True)
+        path = self.trial_paths.trial_dir / f"{self.session_id}.compose.json"
+        await asyncio.to_thread(path.write_text, json.dumps(confined))
+        self._confined_path = path
+
+    @override
+    def _validate_daemon_mode(self) -> None:
+        """Harbor asks the daemon's OS with a blocking call; the fleet runs Linux tasks
+        only, and the worker checked its engine when it started."""
+        if self._is_windows_container:
+            raise PolicyRefusal(f"task {self.environment_name}: Windows tasks are not run here")
+
+    @classmethod
+    @override
+    def _egress_control_kernel_support(cls) -> bool:
+        """Harbor would start a probe container (blocking, from an image of a registry);
+        the fleet closes a sandbox's network itself."""
+        return False
+
+    @property
+    @override
+    def capabilities(self) -> EnvironmentCapabilities:
+        found = super().capabilities.model_copy()
+        # A closed sandbox has no internet: a task asking for none gets what it asked.
+        found.disable_internet = self._fleet_policy.closed
+        found.stream = False
+        return found
+
+    # --- what comes back out ------------------------------------------------------------
+
+    async def _container(self, service: str | None) -> str:
+        result = await self._run_docker_compose_command(["ps", "-q", service or "main"])
+        found = (result.stdout or "").strip().splitlines()
+        if not found:
+            raise RuntimeError(f"the sandbox's service {service or 'main'} is not running")
+        return found[-1].strip()
+
+    async def _copy_out(
+        self, source: str, target: Path | str, service: str | None, *, single: bool
+    ) -> None:
+        container = await self._container(service)
+        path = posixpath.normpath(source)
+        try:
+            await self._engine.copy_out(container, path, Path(target), self._budget, single=single)
+        except OverBudget as exc:
+            _note(str(exc))
+            raise
+
+    @override
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        await self._copy_out(source_path, target_path, None, single=True)
+
+    @override
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        await self._copy_out(source_dir, target_dir, None, single=False)
+
+    @override
+    async def service_download_file(
+        self, source_path: str, target_path: Path | str, *, service: str | None = None
+    ) -> None:
+        await self._copy_out(source_path, target_path, service, single=True)
+
+    @override
+    async def service_download_dir(
+        self, source_dir: str, target_dir: Path | str, *, service: str | None = None
+    ) -> None:
+        await self._copy_out(source_dir, target_dir, service, single=False)
+
+    @staticmethod
+    @override
+    async def _collect_buffered_output(
+        process: asyncio.subprocess.Process,
+        *,
+        timeout_sec: int | None,
+        stdin_data: bytes | None = None,
+    ) -> ExecResult:
+        """A command's output, its first :data:`OUTPUT_CAP_BYTES` kept and the rest counted:
+        Harbor holds all of it in memory, and a sandbox decides how much there is."""
+
+        async def collect() -> tuple[bytes, int]:
+            if stdin_data is not None and process.stdin is not None:
+                process.stdin.write(stdin_data)
+                await process.stdin.drain()
+                process.stdin.close()
+            kept = bytearray()
+            dropped = 0
+            assert process.stdout is not None
+            while chunk := await process.stdout.read(64 * 1024):
+                room = OUTPUT_CAP_BYTES - len(kept)
+                kept += chunk[: max(room, 0)]
+                dropped += max(len(chunk) - max(room, 0), 0)
+            await process.wait()
+            return bytes(kept), dropped
+
+        try:
+            async with asyncio.timeout(timeout_sec or None):
+                kept, dropped = await collect()
+        except TimeoutError:
+            await DockerEnvironment._terminate_process(process)
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds") from None
+        except BaseException:
+            await DockerEnvironment._terminate_process(process)
+            raise
+        text = kept.decode(errors="replace")
+        if dropped:
+            text += f"\n[{dropped} more bytes of output not kept]\n"
+        return ExecResult(stdout=text or None, stderr=None, return_code=process.returncode or 0)
+
+
+def _confined(rendered: Path, policy: SandboxPolicy, task: str) -> dict[str, Any]:
+    """The rendered model read (up to its cap) and confined, links in bind mounts followed
+    (in a worker thread)."""
+    with rendered.open("rb") as source:
+        data = source.read(MODEL_CAP_BYTES + 1)
+    if len(data) > MODEL_CAP_BYTES:
+        raise PolicyRefusal(f"task {task}: its Compose model is over {MODEL_CAP_BYTES} bytes")
+    roots = tuple(os.path.realpath(root) for root in policy.mount_roots)
+    policy = dataclasses.replace(policy, mount_roots=roots)
+    return confine(json.loads(data), policy, task, os.path.realpath)
+
+
+__all__ = ["IMPORT_PATH", "ConfinedDockerEnvironment", "policy_kwargs", "refusals"]
