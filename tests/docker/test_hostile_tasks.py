@@ -12,7 +12,9 @@ tasks folder. Every rollout ends once, with the reason when it fails, the worker
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -23,7 +25,8 @@ from typing import Any
 import docker
 import pytest
 
-from bench.sandboxes import TASK_BASE, write_task
+from bench.sandboxes import TASK_BASE, docker_host, write_oracle_rollout, write_task
+from rollout_fleet.processes import free_port
 from tests.conftest import StartFleet
 from tests.docker.sandboxes import ROLLOUT_LABEL, host_address, labelled, none_left
 from tests.docker.test_sandboxes import fleet_label, listening, sandbox_env
@@ -346,3 +349,37 @@ def test_the_worker_served_every_hostile_task_without_a_restart(
     assert hostile["results"]["plain"]["status"] == "success"
     none_left(engine, fleet_label(hostile["fleet"]), within=10)
     assert not labelled(engine, fleet_label(hostile["fleet"]))["containers"]
+
+
+@pytest.mark.parametrize("command", ["worker", "up"])
+@pytest.mark.parametrize("missing", ["compose-plugin", "engine"])
+def test_a_sandboxed_agent_refuses_to_start_without_what_runs_its_sandboxes(
+    tmp_path: Path, docker_config: Path, command: str, missing: str
+) -> None:
+    """Before: the fleet reported ready and every rollout failed `unknown flag: --project-name`
+    (no compose plugin), or waited on an engine that was not there."""
+    main = write_oracle_rollout(tmp_path / "oracle")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_FLEET_", "REDIS"))}
+    env["XDG_RUNTIME_DIR"] = str(tmp_path)
+    env["DOCKER_HOST"] = docker_host()
+    env["DOCKER_CONFIG"] = str(docker_config)
+    if missing == "compose-plugin":
+        env["DOCKER_CONFIG"] = str(tmp_path / "empty-docker-config")
+    else:
+        env["DOCKER_HOST"] = f"unix://{tmp_path}/no-engine.sock"
+    argv = [sys.executable, "-m", "rollout_fleet", command]
+    if command == "worker":
+        env["ROLLOUT_FLEET_AGENT"] = str(main)
+        env["REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"  # not reached: refused first
+    else:
+        argv += ["--agent", str(main), "--no-flower", "--port", str(free_port())]
+    done = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    expected = "has no compose plugin" if missing == "compose-plugin" else "does not answer"
+    assert lines[0].startswith("the agent runs rollouts in sandboxes, and "), lines[0]
+    assert expected in lines[0]
+    assert "Traceback" not in done.stderr
