@@ -136,7 +136,10 @@ class PreparedTasks:
         image = tag
         grading = None
         if layer is not None:
-            packed = await asyncio.to_thread(layer.content_hash)
+            try:  # the project's pyproject.toml is read here
+                packed = await asyncio.to_thread(layer.content_hash)
+            except PackingError as exc:
+                raise UninstallableProject(str(exc)) from None
             key = hashlib.sha256(f"{key}\0{packed}".encode()).hexdigest()
             image = f"{IMAGE_REPOSITORY}/{_image_name(task)}-workflow:{key[:16]}"
             if layer.grader and not (task / "tests" / "test.sh").is_file():
