@@ -4,6 +4,7 @@ instead; which task a rollout runs; how a fleet worker takes the backend out of 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import socket
@@ -18,10 +19,11 @@ from harbor.models.trial.config import EnvironmentConfig
 from rollout_sdk.agent_workflow import AgentWorkflow
 from rollout_sdk.backend.harbor import HarborBackend, HarborBackendError, TaskMode
 from rollout_sdk.backend.harbor.egress import RefusedRoute, Route, checked, overlay
+from rollout_sdk.backend.harbor.engine import DockerEngine
 from rollout_sdk.backend.harbor.relay import serve
 from rollout_sdk.backend.harbor.results import messages_of
 from rollout_sdk.backend.harbor.sandbox import SandboxOwner
-from rollout_sdk.backend.harbor.tasks import TaskError, task_folder
+from rollout_sdk.backend.harbor.tasks import PreparedTasks, TaskError, task_folder
 from rollout_sdk.backend.sandboxed import SandboxSettings
 from rollout_sdk.loader import AgentLoadError, load_agent
 
@@ -268,3 +270,43 @@ def test_a_sandbox_folder_holds_trials_task_copies_and_overlays(tmp_path: Path) 
     named.configure(SandboxSettings(folder=str(folder)))
     assert named.trials_dir == tmp_path / "mine"  # the agent's own choice stands
     assert named.scratch == folder / "overlays"
+
+
+def test_each_trial_reads_its_own_rollouts_prompt_and_the_prepared_task_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    """Template mode: Harbor reads each trial's instruction from the trial's own copy of the
+    prepared task, the rollout's prompt as upstream writes it; rollouts prepared at once see
+    none of each other's, and the prepared copy (linked into theirs) is left as it was."""
+    from harbor.models.task.task import Task
+
+    prepared = a_task(tmp_path / "tasks" / "0123456789abcdef" / "multiply")
+    (prepared / "tests").mkdir()
+    (prepared / "tests" / "test.sh").write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
+    tasks = PreparedTasks(tmp_path / "tasks", DockerEngine())
+    trials = tmp_path / "trials"
+    prompts = {
+        f"rfx-{n}": [
+            {"role": "system", "content": "Multiply."},
+            {"role": "user", "content": f"{n} * 7?"},
+        ]
+        for n in range(8)
+    }
+
+    async def prepare_all() -> list[Path]:
+        return await asyncio.gather(
+            *(tasks.instructed(prepared, trials / name, prompt) for name, prompt in prompts.items())
+        )
+
+    copies = asyncio.run(prepare_all())
+    for (name, prompt), copy in zip(prompts.items(), copies, strict=True):
+        assert copy.is_relative_to(trials / name)
+        assert json.loads(Task(copy).instruction) == prompt
+        assert (copy / "tests" / "test.sh").samefile(prepared / "tests" / "test.sh")
+    assert (prepared / "instruction.md").read_text() == "Say hi.\n"
+    assert Task(prepared).instruction == "Say hi.\n"
+    # No prompt: the task's own instruction, or a refusal saying what is missing.
+    assert asyncio.run(tasks.instructed(prepared, trials / "rfx-none", [])) == prepared
+    (prepared / "instruction.md").unlink()
+    with pytest.raises(TaskError, match=r"has no instruction\.md and the rollout has no prompt"):
+        asyncio.run(tasks.instructed(prepared, trials / "rfx-none", []))

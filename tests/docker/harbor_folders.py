@@ -2,9 +2,11 @@
 task and the oracle folder are bench/sandboxes.py's, which the benchmark runs too).
 
 ``write_template_rollout``: a folder shaped like the osmosis workspace
-template's ``multiply-harbor-strands``: a project (``pyproject.toml``) with a Strands
-``AgentWorkflow`` and a ``Grader`` in a package, the task beside them without tests (the
-Grader is the verifier), and a ``main.py`` that builds the backend and serves it in ``main()``.
+template's ``multiply-harbor-strands``: a project (``pyproject.toml``, its dependencies
+``osmosis-ai[strands]`` and any others given) with a Strands ``AgentWorkflow`` and a
+``Grader`` in a package, the task beside them without tests (the Grader is the verifier) and,
+as the template's, without ``instruction.md`` (template mode takes it from the rollout), and a
+``main.py`` that builds the backend and serves it in ``main()``.
 ``write_template_workspace``: that folder in a workspace shaped like the template's, with its
 eval TOML (``configs/eval/multiply-harbor-strands.toml``) and a multiply dataset
 (``data/multiply.jsonl``).
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 from bench.sandboxes import write_task
 
@@ -146,7 +150,7 @@ PYPROJECT = """\
 name = "multiply-rollout"
 version = "0.1.0"
 requires-python = ">=3.12"
-dependencies = ["osmosis-ai[strands]>=0.3.8"]
+dependencies = {dependencies}
 
 [build-system]
 requires = ["hatchling"]
@@ -157,15 +161,26 @@ packages = ["multiply_rollout"]
 """
 
 
-def write_template_rollout(folder: Path) -> Path:
-    """The workspace-template-shaped folder; its main.py."""
+TEMPLATE_DEPENDENCIES = ("osmosis-ai[strands]>=0.3.8",)
+
+
+def write_template_rollout(folder: Path, dependencies: tuple[str, ...] = ()) -> Path:
+    """The workspace-template-shaped folder, its project needing ``dependencies`` too; its
+    main.py. A dependency's module (``cowsay>=6``: ``cowsay``) is imported by the workflow
+    as it runs, so a rollout succeeds only where the sandbox has it."""
     package = folder / "multiply_rollout"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "workflow.py").write_text(WORKFLOW)
+    modules = [Requirement(text).name.replace("-", "_") for text in dependencies]
+    # Imported as the workflow runs: the sandbox has them, the worker's host need not.
+    imports = "".join(f"        import {module}  # noqa: F401\n" for module in modules)
+    run = "    async def run(self, ctx: AgentWorkflowContext) -> None:\n"
+    (package / "workflow.py").write_text(WORKFLOW.replace(run, run + imports))
     (package / "grader.py").write_text(GRADER)
-    (folder / "pyproject.toml").write_text(PYPROJECT)
-    write_task(folder / "multiply_harbor_task", tests=False)
+    wanted = json.dumps([*TEMPLATE_DEPENDENCIES, *dependencies])
+    (folder / "pyproject.toml").write_text(PYPROJECT.format(dependencies=wanted))
+    task = write_task(folder / "multiply_harbor_task", tests=False)
+    (task / "instruction.md").unlink()
     (folder / "main.py").write_text(MAIN)
     return folder / "main.py"
 

@@ -19,10 +19,8 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import docker
-import httpx
 import pytest
 
 from bench.sandboxes import TASK_BASE, write_oracle_rollout, write_task
@@ -30,9 +28,17 @@ from rollout_fleet.processes import free_port, wait_until
 from rollout_fleet.redis_server import RedisServer
 from tests.conftest import V2_ENV, StartFleet
 from tests.docker.harbor_folders import write_probe_rollout, write_template_rollout
-from tests.docker.sandboxes import FLEET_LABEL, ROLLOUT_LABEL, host_address, labelled, none_left
+from tests.docker.sandboxes import (
+    FLEET_LABEL,
+    ROLLOUT_LABEL,
+    fleet_up,
+    host_address,
+    labelled,
+    none_left,
+    succeeded_rollouts,
+)
 from tests.docker.stack import Trainer, docker_host
-from tests.harness import LEASE_HEADER, V2FleetUnderTest, fleet_cli, v2_body
+from tests.harness import V2FleetUnderTest, fleet_cli, v2_body
 
 
 def sandbox_env(engine: docker.DockerClient, docker_config: Path) -> dict[str, str]:
@@ -348,7 +354,6 @@ def test_up_runs_the_workspace_template_shaped_folder_unchanged(
 ) -> None:
     main = write_template_rollout(tmp_path / "multiply-harbor-strands")
     trainer = Trainer(host_address(), tmp_path / "mock-trainer.log")
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env.update(sandbox_env(engine, docker_config))
     env.update(
@@ -357,39 +362,15 @@ def test_up_runs_the_workspace_template_shaped_folder_unchanged(
             "ROLLOUT_FLEET_ALLOWED_TRAINER_URLS": trainer.url,
         }
     )
-    log_path = tmp_path / "up.log"
-    argv = [sys.executable, "-m", "rollout_fleet", "up", "--agent", str(main)]
-    argv += ["--workers", "1", "--no-flower", "--port", str(port)]
-    with log_path.open("w") as log:
-        up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_until(lambda: "Press Ctrl-C to stop." in log_path.read_text(), 180, "up")
-            gateway = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
-            admitted = []
-            for label in ("42", "41"):
-                body = v2_body(trainer.url, label=label)
-                response = gateway.post("/rollout", json=body)
-                assert response.status_code == 202, response.text
-                admitted.append((body["rollout_id"], response.json()["polling_lease_token"]))
-            rewards = []
-            for rollout_id, token in admitted:
-                deadline = time.monotonic() + 300
-                result: dict[str, Any] = {"status": "queued"}
-                while result["status"] not in ("success", "failure", "cancelled"):
-                    assert time.monotonic() < deadline, log_path.read_text()[-5000:]
-                    result = gateway.get(
-                        f"/rollout/{rollout_id}/result", headers={LEASE_HEADER: token}
-                    ).json()
-                assert result["status"] == "success", result
-                rewards.append(result["sample"]["reward"])
-                none_left(engine, f"{ROLLOUT_LABEL}={rollout_id}", within=5)
+    try:
+        with fleet_up(sys.executable, main, env, tmp_path, 180) as (gateway, log_path):
+            done = succeeded_rollouts(
+                engine, gateway, trainer.url, ["42", "41"], 300, log_path.read_text
+            )
+            rewards = [result["sample"]["reward"] for result in done]
             assert rewards == [1.0, 0.0]
-            up.send_signal(signal.SIGINT)
-            assert up.wait(60) == 0, log_path.read_text()[-3000:]
-        finally:
-            if up.poll() is None:
-                up.kill()
-            trainer.stop()
+    finally:
+        trainer.stop()
 
 
 def test_dataset_mode_and_a_per_rollout_task_pick_each_rollouts_task(

@@ -357,7 +357,11 @@ class HarborBackend(ExecutionBackend):
             if isinstance(folder, str):
                 folder = await self._fetch(folder, request.metadata or {})
             prepared = await self.tasks.prepare(folder, self.workflow)
-        except (TaskError, OSError) as exc:
+            if self.workflow is None and self.task_mode is TaskMode.TEMPLATE:
+                prepared = await self.tasks.instructed(
+                    prepared, self.trials_dir / owner.trial_name, request.prompt
+                )
+        except (TaskError, PackingError, OSError) as exc:
             return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
         except BuildFailed as exc:
             return _failed(
@@ -523,6 +527,7 @@ class HarborBackend(ExecutionBackend):
             limits=limits,
             labels=owner.labels(),
             mount_roots=(str(trial_dir), str(task)),
+            read_only_roots=(str(task), str(self.tasks.root)),
             open_networks=frozenset({"egress"}) if route is not None else frozenset(),
             relay=RELAY_SERVICE if route is not None else None,
             closed=self.egress is Egress.TRAINGATE,

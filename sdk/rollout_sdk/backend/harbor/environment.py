@@ -65,6 +65,7 @@ def policy_kwargs(policy: SandboxPolicy) -> dict[str, Any]:
             },
             "labels": dict(policy.labels),
             "mount_roots": list(policy.mount_roots),
+            "read_only_roots": list(policy.read_only_roots),
             "open_networks": sorted(policy.open_networks),
             "relay": policy.relay,
             "closed": policy.closed,
@@ -79,6 +80,7 @@ def _policy(raw: dict[str, Any]) -> SandboxPolicy:
         limits=Limits(**raw["limits"]),
         labels=raw["labels"],
         mount_roots=tuple(raw["mount_roots"]),
+        read_only_roots=tuple(raw["read_only_roots"]),
         open_networks=frozenset(raw["open_networks"]),
         relay=raw["relay"],
         closed=raw["closed"],
@@ -242,8 +244,11 @@ def _confined(rendered: Path, policy: SandboxPolicy, task: str) -> dict[str, Any
         data = source.read(MODEL_CAP_BYTES + 1)
     if len(data) > MODEL_CAP_BYTES:
         raise PolicyRefusal(f"task {task}: its Compose model is over {MODEL_CAP_BYTES} bytes")
-    roots = tuple(os.path.realpath(root) for root in policy.mount_roots)
-    policy = dataclasses.replace(policy, mount_roots=roots)
+    policy = dataclasses.replace(
+        policy,
+        mount_roots=tuple(os.path.realpath(root) for root in policy.mount_roots),
+        read_only_roots=tuple(os.path.realpath(root) for root in policy.read_only_roots),
+    )
     return confine(json.loads(data), policy, task, os.path.realpath)
 
 

@@ -100,8 +100,11 @@ class SandboxPolicy:
     limits: Limits = field(default_factory=Limits)
     labels: Mapping[str, str] = field(default_factory=dict)
     # Host folders a bind mount may come from: the trial's own folder, the prepared copy of
-    # its task (paths of the engine's host, which the fleet keeps equal to its own).
+    # its task (paths of the engine's host, which the fleet keeps equal to its own). Binds
+    # from ``read_only_roots`` (the task's files, shared by every trial of the task) are
+    # mounted read-only: no trial changes what the next one runs.
     mount_roots: tuple[str, ...] = ()
+    read_only_roots: tuple[str, ...] = ()
     # Networks with a way out, and the one service that may join them (the fleet's relay).
     open_networks: frozenset[str] = frozenset()
     relay: str | None = None
@@ -286,6 +289,8 @@ def _mount(
             )
         if set(mount.get("bind") or {}) - {"create_host_path"}:
             raise _refuse(task, f"{where}.volumes bind {source}", "a plain bind")
+        if _within(resolve(source), policy.read_only_roots):
+            return {**mount, "read_only": True}
     elif kind == "volume":
         if source and source not in volumes:
             raise _refuse(task, f"{where}.volumes {source}", "the trial's own volumes only")

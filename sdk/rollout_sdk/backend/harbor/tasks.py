@@ -13,12 +13,19 @@ Images: Harbor builds a task's image for every trial and removes it with the tri
 image is built once per task content and tagged with its hash (``rollout-fleet-sandbox/<name>:
 <hash>``); trials run a prepared copy of the task that names that image, so every trial and
 every worker on the engine reuses it.
+
+Instructions: Harbor refuses a task without ``instruction.md``, and upstream's template mode
+writes it from the rollout's prompt (the messages as JSON) in a copy made per rollout. A
+workflow never reads it (our harness hands it the rollout itself), so its prepared copy gets
+a fixed one when the task has none. A Harbor agent reads it: :meth:`PreparedTasks.instructed`
+makes the trial's own copy with the rollout's prompt, so no rollout sees another's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import re
@@ -34,11 +41,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rollout_sdk.backend.harbor.engine import DockerEngine, docker
-from rollout_sdk.backend.harbor.workflows import SandboxWorkflow
+from rollout_sdk.backend.harbor.layer import LayerWheels
+from rollout_sdk.backend.harbor.workflows import PackingError, SandboxWorkflow, declared
 
 logger = logging.getLogger(__name__)
 
 IMAGE_REPOSITORY = "rollout-fleet-sandbox"
+INSTRUCTION = "instruction.md"
+# A workflow's task without an instruction: Harbor needs the file, the workflow reads the
+# rollout's prompt from the rollout itself.
+WORKFLOW_INSTRUCTION = "The rollout's prompt is handed to its workflow directly.\n"
+TRIAL_TASK = "task"  # the trial's own copy of its task, in the trial's folder
 _TAG_CHARACTERS = frozenset(string.ascii_lowercase + string.digits + "._-")
 
 
@@ -49,6 +62,12 @@ class TaskMode(StrEnum):
 
 class TaskError(ValueError):
     """A rollout names no task, or one that does not exist."""
+
+
+class UninstallableProject(PackingError, TaskError):
+    """The workflow's project cannot be installed in the task's sandbox (its dependencies do
+    not resolve against the fleet's lock, or have no wheel for the task's Python): the
+    user's to fix, so a rollout ends with it as a validation error."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,7 @@ class PreparedTasks:
         self.engine = engine
         self.build_network = build_network  # none: a task's RUN reaches nothing
         self.fleet = fleet
+        self.layers = LayerWheels(root.parent / "layers")
         self._locks: dict[str, asyncio.Lock] = {}
 
     def _labels(self, task: Path) -> dict[str, str]:
@@ -172,36 +192,75 @@ class PreparedTasks:
     async def prepare(self, task: Path, layer: SandboxWorkflow | None = None) -> Path:
         """The prepared copy of ``task`` whose image exists on the engine: the task's own
         image, or with ``layer`` that image plus the user's workflow (and, when the task has
-        no ``tests/test.sh``, the grader as its verifier)."""
+        no ``tests/test.sh``, the grader as its verifier). A :class:`UninstallableProject`
+        when the workflow's project cannot be installed there."""
         key = await asyncio.to_thread(content_hash, task)
         tag = f"{IMAGE_REPOSITORY}/{_image_name(task)}:{key[:16]}"
         image = tag
         grading = None
         if layer is not None:
-            packed = await asyncio.to_thread(layer.content_hash)
+            try:  # the project's pyproject.toml is read here
+                packed = await asyncio.to_thread(layer.content_hash)
+            except PackingError as exc:
+                raise UninstallableProject(str(exc)) from None
             key = hashlib.sha256(f"{key}\0{packed}".encode()).hexdigest()
             image = f"{IMAGE_REPOSITORY}/{_image_name(task)}-workflow:{key[:16]}"
             if layer.grader and not (task / "tests" / "test.sh").is_file():
                 grading = layer.grading_script()
         copy = self.root / key[:16] / task.name
+        instruction = WORKFLOW_INSTRUCTION if layer is not None else None
         async with self._locks.setdefault(key, asyncio.Lock()):
             if not (copy / "task.toml").is_file():
-                await asyncio.to_thread(_copy_naming_image, task, copy, image, grading)
+                await asyncio.to_thread(_copy_naming_image, task, copy, image, grading, instruction)
             if not await self.engine.image_exists(tag):
                 await self._build(task, tag)
             if layer is not None and not await self.engine.image_exists(image):
-                await self._build_layer(layer, tag, image)
+                try:
+                    await self._build_layer(layer, tag, image)
+                except PackingError as exc:
+                    raise UninstallableProject(str(exc)) from None
         return copy
 
+    async def instructed(self, prepared: Path, trial_dir: Path, prompt: list[Any]) -> Path:
+        """The trial's own copy of ``prepared`` (in ``trial_dir``, removed with it) whose
+        ``instruction.md`` is the rollout's prompt as upstream writes it in template mode;
+        ``prepared`` itself when the rollout has no prompt and the task has an instruction.
+        The copy links the prepared files and writes only the instruction anew, so it costs
+        one folder of links per trial and leaves ``prepared`` as it was (the policy mounts a
+        task's files read-only, so a sandbox never writes through a link)."""
+        if not prompt:
+            if not (prepared / INSTRUCTION).is_file():
+                raise TaskError(
+                    f"task {prepared.name} has no {INSTRUCTION} and the rollout has no prompt: "
+                    f"give the task an {INSTRUCTION}, or the rollout a prompt"
+                )
+            return prepared
+        text = json.dumps(prompt, default=str)
+        return await asyncio.to_thread(_instructed_copy, prepared, trial_dir / TRIAL_TASK, text)
+
     async def _build_layer(self, layer: SandboxWorkflow, base: str, image: str) -> None:
-        started = asyncio.get_running_loop().time()
-        with tempfile.TemporaryDirectory(prefix="rollout-sandbox-layer-") as folder:
-            await asyncio.to_thread(layer.write_context, Path(folder), base)
-            await self.engine.build(
-                Path(folder), image, network=self.build_network, labels=self._labels(layer.code_dir)
+        """The workflow's layer on ``base``: its wheels fetched here, then built with no
+        network at all (the build installs from the wheels in its context)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        wanted = await asyncio.to_thread(declared, layer.code_dir)
+        target = await self.layers.target(base)
+        fetched = await self.layers.fetch(wanted, target)
+        wheels_took = loop.time() - started
+        await asyncio.to_thread(self.root.parent.mkdir, parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".layer-", dir=self.root.parent) as folder:
+            await asyncio.to_thread(
+                layer.write_context, Path(folder), base, fetched.wheels, fetched.pins
             )
-        took = asyncio.get_running_loop().time() - started
-        logger.info("sandbox image %s (with the workflow) ready in %.1fs", image, took)
+            await self.engine.build(
+                Path(folder), image, network="none", labels=self._labels(layer.code_dir)
+            )
+        logger.info(
+            "sandbox image %s (with the workflow) ready in %.1fs: %d wheels, %.1f MB, %.1fs of "
+            "it to have them (%s)",
+            image, loop.time() - started, len(fetched.wheels), fetched.bytes / 1e6, wheels_took,
+            target.describe(),
+        )  # fmt: skip
 
     async def _build(self, task: Path, tag: str) -> None:
         configured = _task_config(task).get("environment", {}).get("docker_image")
@@ -233,7 +292,9 @@ def _task_config(task: Path) -> dict[str, Any]:
     return tomllib.loads(path.read_text()) if path.is_file() else {}
 
 
-def _copy_naming_image(task: Path, copy: Path, tag: str, grading: str | None) -> None:
+def _copy_naming_image(
+    task: Path, copy: Path, tag: str, grading: str | None, instruction: str | None
+) -> None:
     """Write the copy beside its place and rename it there: other workers on this host may
     prepare the same task at the same time, and the first rename wins."""
     copy.parent.mkdir(parents=True, exist_ok=True)
@@ -251,10 +312,31 @@ def _copy_naming_image(task: Path, copy: Path, tag: str, grading: str | None) ->
         tests.mkdir(exist_ok=True)
         (tests / "test.sh").write_text(grading)
         (tests / "test.sh").chmod(0o755)
+    if instruction is not None and not (staging / INSTRUCTION).is_file():
+        (staging / INSTRUCTION).write_text(instruction)
     try:
         staging.rename(copy)
     except OSError:  # another process's copy is in place (the same content)
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _instructed_copy(prepared: Path, copy: Path, instruction: str) -> Path:
+    """``prepared`` linked file by file into ``copy``, with ``instruction`` as its own
+    (written to a new file: the link would write through to ``prepared``)."""
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(prepared, copy, symlinks=True, copy_function=_link_or_copy)
+    target = copy / INSTRUCTION
+    staging = copy / f".{INSTRUCTION}.new"
+    staging.write_text(instruction)
+    os.replace(staging, target)
+    return copy
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # another filesystem
+        shutil.copy2(source, destination)
 
 
 __all__ = [
@@ -263,5 +345,6 @@ __all__ = [
     "TaskError",
     "TaskMode",
     "TaskSources",
+    "UninstallableProject",
     "task_folder",
 ]

@@ -1,10 +1,11 @@
 """A user's ``AgentWorkflow`` (and ``Grader``) packed for the sandbox.
 
 The sandbox image is the task's image plus one layer: a virtual environment at
-:data:`VENV` holding the SDK's dependencies and the user project's (built with the network
-the builds use: a sandbox itself may reach nothing but the TrainGate), the SDK's own files
-and the user's ``code_dir``. The layer's tag is a hash of all of it, so it is built once per
-task, code and SDK, and reused by every trial and worker on the engine.
+:data:`VENV` holding the SDK's dependencies as the fleet's lock pins them and the user
+project's, installed from wheels the worker fetched (``layer.py``) with no network at all
+(a build's ``RUN`` could otherwise reach whatever the engine's network does), the SDK's own
+files and the user's ``code_dir``. The layer's tag is a hash of all of it, so it is built
+once per task, code and SDK, and reused by every trial and worker on the engine.
 
 Objects are named for the sandbox by import path (``package.module:attribute``) relative to
 ``code_dir``, which goes on ``PYTHONPATH`` there (its ``src/`` too, if it has one).
@@ -13,8 +14,8 @@ Objects are named for the sandbox by import path (``package.module:attribute``) 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import inspect
+import os
 import shutil
 import sys
 import tomllib
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 import rollout_sdk
 
@@ -96,32 +98,39 @@ def _module_name(path: Path, code_dir: Path) -> str | None:
     return None
 
 
-def requirements(code_dir: Path) -> list[str]:
-    """What the sandbox's environment installs: the SDK's dependencies and the project's
-    (``osmosis-ai[x]`` / ``rollout-sdk[x]`` become the SDK's extra ``x``)."""
-    sdk = [Requirement(text) for text in importlib.metadata.requires("rollout-sdk") or []]
+@dataclass(frozen=True)
+class Declared:
+    """What a project's ``pyproject.toml`` asks the sandbox for: the SDK's extras
+    (``osmosis-ai[x]`` / ``rollout-sdk[x]`` stand for the SDK copied in, with its extra
+    ``x``) and its other requirements as written."""
+
+    extras: frozenset[str]
+    project: tuple[str, ...]
+
+    def text(self) -> str:
+        return "\n".join([",".join(sorted(self.extras)), *self.project])
+
+
+def declared(code_dir: Path) -> Declared:
+    """The project's requirements; a :class:`PackingError` when they cannot be read."""
     wanted: set[str] = set()
     project: list[str] = []
     pyproject = code_dir / "pyproject.toml"
     if pyproject.is_file():
         try:
-            declared = tomllib.loads(pyproject.read_text()).get("project", {})
+            found = tomllib.loads(pyproject.read_text()).get("project", {})
         except tomllib.TOMLDecodeError as exc:
             raise PackingError(f"{pyproject} is not valid TOML: {exc}") from None
-        for text in declared.get("dependencies", []):
-            requirement = Requirement(text)
-            if requirement.name.lower().replace("_", "-") in SDK_NAMES:
+        for text in found.get("dependencies", []):
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement as exc:
+                raise PackingError(f"{pyproject}: dependency {text!r} is invalid: {exc}") from None
+            if canonicalize_name(requirement.name) in SDK_NAMES:
                 wanted |= requirement.extras
             else:
                 project.append(text)
-    chosen = []
-    for requirement in sdk:
-        marker = requirement.marker
-        if marker is None or any(marker.evaluate({"extra": extra}) for extra in wanted):
-            if marker is not None:
-                requirement.marker = None
-            chosen.append(str(requirement))
-    return sorted(set(chosen)) + project
+    return Declared(frozenset(wanted), tuple(project))
 
 
 @dataclass(frozen=True)
@@ -152,25 +161,35 @@ class SandboxWorkflow:
         """What the sandbox layer is made of: the SDK's files, the code and what it needs."""
         from rollout_sdk.backend.harbor.tasks import content_hash
 
-        sdk = content_hash(Path(rollout_sdk.__file__).parent)
+        sdk = content_hash(Path(rollout_sdk.__file__).parent)  # the locked pins included
         code = content_hash(self.code_dir)
-        wanted = "\n".join(requirements(self.code_dir)).encode()
+        wanted = declared(self.code_dir).text().encode()
         return hashlib.sha256(f"{sdk}\0{code}\0".encode() + wanted).hexdigest()
 
-    def write_context(self, folder: Path, base: str) -> None:
-        """A build context for the sandbox layer on top of image ``base``."""
+    def write_context(self, folder: Path, base: str, wheels: list[Path], pins: str) -> None:
+        """A build context for the sandbox layer on top of image ``base``: ``wheels`` (linked
+        in) and ``pins`` (every requirement pinned with its hashes) install with no index.
+        The wheels stay in a first stage: the image gets the environment, not its sources."""
         sdk = Path(rollout_sdk.__file__).parent
         shutil.copytree(sdk, folder / "sdk" / "rollout_sdk", ignore=_skip)
         shutil.copytree(self.code_dir, folder / "code", ignore=_skip, symlinks=False)
-        (folder / "requirements.txt").write_text("\n".join(requirements(self.code_dir)) + "\n")
+        (folder / "wheels").mkdir()
+        for wheel in wheels:
+            try:
+                os.link(wheel, folder / "wheels" / wheel.name)
+            except OSError:  # another filesystem
+                shutil.copyfile(wheel, folder / "wheels" / wheel.name)
+        (folder / "requirements.txt").write_text(pins)
         (folder / "Dockerfile").write_text(
-            f"FROM {base}\n"
+            f"FROM {base} AS environment\n"
+            f"COPY wheels {ROOT}/wheels\n"
             f"COPY requirements.txt {ROOT}/requirements.txt\n"
-            # pip reads certifi's CAs, not SSL_CERT_FILE: a base that names its own CA file
-            # (a registry behind a TLS-inspecting proxy) passes it on.
             f"RUN python3 -m venv {VENV} && {VENV}/bin/pip install --no-cache-dir "
-            f'--disable-pip-version-check -q ${{SSL_CERT_FILE:+--cert "$SSL_CERT_FILE"}} '
-            f"-r {ROOT}/requirements.txt\n"
+            f"--disable-pip-version-check -q --no-index --find-links {ROOT}/wheels "
+            f"--require-hashes -r {ROOT}/requirements.txt\n"
+            f"FROM {base}\n"
+            f"COPY --from=environment {VENV} {VENV}\n"
+            f"COPY requirements.txt {ROOT}/requirements.txt\n"
             f"COPY sdk {SITE}\n"
             f"COPY code {CODE}\n"
         )
@@ -188,4 +207,13 @@ def _skip(folder: str, names: list[str]) -> set[str]:
     return {name for name in names if name in SKIPPED or name.endswith(".pyc")}
 
 
-__all__ = ["PYTHON", "PYTHONPATH", "PackingError", "SandboxWorkflow", "requirements"]
+__all__ = [
+    "PYTHON",
+    "PYTHONPATH",
+    "ROOT",
+    "VENV",
+    "Declared",
+    "PackingError",
+    "SandboxWorkflow",
+    "declared",
+]
