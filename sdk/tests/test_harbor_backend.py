@@ -23,7 +23,7 @@ from rollout_sdk.backend.harbor.engine import DockerEngine
 from rollout_sdk.backend.harbor.relay import serve
 from rollout_sdk.backend.harbor.results import messages_of
 from rollout_sdk.backend.harbor.sandbox import SandboxOwner
-from rollout_sdk.backend.harbor.tasks import PreparedTasks, TaskError, task_folder
+from rollout_sdk.backend.harbor.tasks import PreparedTasks, TaskError, TaskSources, task_folder
 from rollout_sdk.backend.sandboxed import SandboxSettings
 from rollout_sdk.loader import AgentLoadError, load_agent
 
@@ -310,3 +310,52 @@ def test_each_trial_reads_its_own_rollouts_prompt_and_the_prepared_task_keeps_it
     (prepared / "instruction.md").unlink()
     with pytest.raises(TaskError, match=r"has no instruction\.md and the rollout has no prompt"):
         asyncio.run(tasks.instructed(prepared, trials / "rfx-none", []))
+
+
+def test_ended_trials_folders_past_the_cap_go_oldest_first_and_running_ones_stay(
+    tmp_path: Path,
+) -> None:
+    trials = tmp_path / "trials"
+    now = time.time()
+    for age, name in (
+        (300, "rfx-oldest"),
+        (200, "rfx-older"),
+        (100, "rfx-newer"),
+        (400, "rfx-running"),
+    ):
+        folder = trials / name
+        folder.mkdir(parents=True)
+        (folder / "log.bin").write_bytes(b"x" * 2**20)
+        os.utime(folder, (now - age, now - age))
+    backend = HarborBackend(tasks_dir=a_task(tmp_path / "t"), agent="oracle", trials_dir=trials)
+    backend.configure(SandboxSettings(log_retention_seconds=3600, trials_mb=2))
+    backend._trials_running.add("rfx-running")  # a trial in use is never pruned
+    assert asyncio.run(backend.prune_trials()) == 1
+    assert sorted(p.name for p in trials.iterdir()) == ["rfx-newer", "rfx-older", "rfx-running"]
+
+
+def test_a_git_task_comes_only_from_an_allowed_https_host(tmp_path: Path) -> None:
+    tasks = a_task(tmp_path / "tasks")
+    row = {"harbor_task": "tasks/one", "git_url": "https://tasks.example.com/org/repo.git"}
+    with pytest.raises(TaskError, match="not an https host the operator allowed"):
+        task_folder(tasks, TaskMode.DATASET, row)
+    allowed = TaskSources(git_hosts=frozenset({"tasks.example.com"}))
+    assert task_folder(tasks, TaskMode.DATASET, row, allowed) == "tasks/one"
+    for url in ("http://tasks.example.com/r.git", "ssh://tasks.example.com/r", "file:///etc"):
+        with pytest.raises(TaskError, match="not an https host"):
+            task_folder(tasks, TaskMode.DATASET, {**row, "git_url": url}, allowed)
+
+
+def test_a_task_path_must_lie_under_tasks_dir_or_a_task_root_links_followed(
+    tmp_path: Path,
+) -> None:
+    tasks = tmp_path / "tasks"
+    inside = a_task(tasks / "one")
+    outside = a_task(tmp_path / "elsewhere" / "two")
+    (tasks / "link").symlink_to(outside)
+    assert task_folder(tasks, TaskMode.DATASET, {"harbor_task": str(inside)}) == inside
+    for reference in (str(outside), "./link", "./../elsewhere/two", "/etc"):
+        with pytest.raises(TaskError, match="outside tasks_dir and the task roots"):
+            task_folder(tasks, TaskMode.DATASET, {"harbor_task": reference})
+    rooted = TaskSources(roots=(tmp_path / "elsewhere",))
+    assert task_folder(tasks, TaskMode.DATASET, {"harbor_task": str(outside)}, rooted) == outside

@@ -7,6 +7,7 @@ when no engine can be started here (no ``dockerd``, not root); under CI it fails
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import docker
 import pytest
 
 from bench.sandboxes import docker_host
+from rollout_sdk.backend.harbor.engine import BUILT_LABEL
 from tests.docker.stack import (
     COMPOSE_PLUGIN,
     Stack,
@@ -61,12 +63,41 @@ def engine() -> Iterator[docker.DockerClient]:
     assert client is not None
     images = engine_script("images")
     assert images.returncode == 0, f"stand-in base images: {images.stderr}"
+    before = engine_objects(client)
     try:
         yield client
+        left_behind(client, before)
     finally:
         client.close()
         if started_here:
             engine_script("stop", timeout=120)
+
+
+def engine_objects(client: docker.DockerClient) -> dict[str, set[str]]:
+    return {
+        "containers": {c.id for c in client.containers.list(all=True)},
+        "networks": {n.id for n in client.networks.list()},
+        "volumes": {v.id for v in client.volumes.list()},
+        "images": {i.id for i in client.images.list(all=True)},
+    }
+
+
+def left_behind(client: docker.DockerClient, before: dict[str, set[str]]) -> None:
+    """Nothing the suite made is left on the engine: no container, network or volume (a
+    failed build's container included). The images sandboxes built (the fleet's label) and
+    untagged ones (the layers of builds that failed) are removed; then no untagged image may
+    be left. The compose stack's own images stay: they are the next run's cache."""
+    after = engine_objects(client)
+    new = {kind: after[kind] - before[kind] for kind in after}
+    sandbox_images = {i.id for i in client.images.list(filters={"label": BUILT_LABEL})}
+    dangling = {i.id for i in client.images.list(filters={"dangling": True})}
+    for image in new["images"] & (sandbox_images | dangling):
+        with contextlib.suppress(docker.errors.APIError):  # gone with another
+            client.images.remove(image, force=True)
+    still = {i.id for i in client.images.list(filters={"dangling": True})} & new["images"]
+    left = {kind: ids for kind, ids in new.items() if ids and kind != "images"}
+    assert not left, f"the Docker suite left on the engine: {left}"
+    assert not still, f"the Docker suite left untagged images: {still}"
 
 
 @pytest.fixture(scope="module")

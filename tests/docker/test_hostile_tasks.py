@@ -153,6 +153,19 @@ def write_tasks(root: Path, host_folder: Path, targets: list[tuple[str, int]]) -
         "#!/bin/bash\nmkdir -p /logs/verifier\n"
         'echo "{\\"reward\\": 1$(printf \'0%.0s\' $(seq 1 400))}" > /logs/verifier/reward.json\n',
     )
+    # A build whose RUN tries this host's loopback, its address and the metadata address.
+    probing = write_task(tasks / "build-probe")
+    probe = PROBE_TEST.format(targets=[("127.0.0.1", targets[0][1]), *targets])
+    script = probe.split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0]
+    script = script.replace("/logs/verifier/reward.txt", "/build-probe.txt")
+    (probing / "environment" / "probe.py").write_text(script)
+    (probing / "environment" / "Dockerfile").write_text(
+        f"FROM {TASK_BASE}\nWORKDIR /app\nCOPY probe.py /probe.py\nRUN python3 /probe.py\n"
+    )
+    _test(
+        probing,
+        "#!/bin/bash\nmkdir -p /logs/verifier\ncp /build-probe.txt /logs/verifier/reward.txt\n",
+    )
     broken = write_task(tasks / "broken-build")
     (broken / "environment" / "Dockerfile").write_text(f"FROM {TASK_BASE}\nRUN false\n")
     write_task(tasks / "задача")
@@ -172,6 +185,7 @@ ROWS: dict[str, dict[str, str]] = {name: {"harbor_task_id": name} for name in ES
         "disk-fill",
         "huge-reward",
         "broken-build",
+        "build-probe",
         "задача",
     )
 }
@@ -325,6 +339,12 @@ def test_a_task_whose_image_fails_to_build_fails_and_leaves_no_container(
     failed_with(hostile["results"]["broken-build"], "did not build")
     exited = {c.id for c in engine.containers.list(all=True, filters={"status": "exited"})}
     assert exited <= hostile["exited_before"], "a failed build left its container"
+
+
+def test_a_build_reaches_neither_this_host_nor_metadata(hostile: dict[str, Any]) -> None:
+    result = hostile["results"]["build-probe"]
+    assert result["status"] == "success", result
+    assert result["sample"]["reward"] == 1.0, "the build's RUN reached this host"
 
 
 def test_a_folder_named_in_another_script_runs(hostile: dict[str, Any]) -> None:
