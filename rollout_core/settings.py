@@ -288,6 +288,11 @@ class FleetSettings(BaseSettings):
         description="Sandboxed rollouts: comma-separated https hosts a rollout's "
         "metadata['git_url'] may fetch a task from; default none.",
     )
+    sandbox_registries: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Sandboxed rollouts: comma-separated registry hosts a task's images may "
+        "name (an image naming none comes from the engine's default registry); default none.",
+    )
     sandbox_egress: Literal["traingate", "open"] = Field(
         "traingate",
         description="Sandboxed rollouts: where a sandbox may connect. traingate: only the "
@@ -364,7 +369,13 @@ class FleetSettings(BaseSettings):
                 )
         return value
 
-    @field_validator("sandbox_allow", "sandbox_task_roots", "sandbox_task_hosts", mode="before")
+    @field_validator(
+        "sandbox_allow",
+        "sandbox_task_roots",
+        "sandbox_task_hosts",
+        "sandbox_registries",
+        mode="before",
+    )
     @classmethod
     def _split_list(cls, value: object) -> object:
         if isinstance(value, str):

@@ -127,6 +127,7 @@ def sandbox_settings(settings: FleetSettings) -> SandboxSettings:
         allowed_keys=frozenset(settings.sandbox_allow),
         task_roots=tuple(settings.sandbox_task_roots),
         task_hosts=frozenset(settings.sandbox_task_hosts),
+        registries=frozenset(host.lower() for host in settings.sandbox_registries),
     )
 
 

@@ -33,6 +33,8 @@ from tests.docker.test_sandboxes import fleet_label, listening, sandbox_env
 from tests.harness import V2FleetUnderTest
 
 MEMORY_MB, PIDS, CPUS = 512, 128, 0.5  # the fleet's ceilings in this module
+VICTIM_VOLUME = "rollout-fleet-test-victim"  # another project's volume on the engine
+CANARY = "canary-9d1f0c7e-not-for-any-sandbox"  # a secret in the workers' environment
 OUTPUT_MB, DISK_MB = 32, 300
 
 # A probe of the host's addresses from inside the sandbox: reward 1 when nothing answers.
@@ -102,6 +104,29 @@ ESCAPES: dict[str, tuple[dict[str, Any], str]] = {
         },
         "configs",
     ),
+    "host-env-file": (
+        {"services": {"main": {"env_file": ["/etc/hostname"]}}},
+        "services.main.env_file names /etc/hostname, outside the task",
+    ),
+    "another-projects-volume": (
+        {
+            "services": {"main": {"volumes": ["victim:/victim"]}},
+            "volumes": {"victim": {"name": VICTIM_VOLUME}},
+        },
+        f"volumes.victim.name={VICTIM_VOLUME}",
+    ),
+    "another-projects-network": (
+        {"networks": {"default": {"name": "victim_default"}}},
+        "networks.default.name=victim_default",
+    ),
+    "dockerfile-of-the-host": (
+        {"services": {"spy": {"build": {"context": ".", "dockerfile": "/etc/hostname"}}}},
+        "build.dockerfile /etc/hostname",
+    ),
+    "image-from-this-host": (
+        {"services": {"spy": {"image": "127.0.0.1:16399/latest/meta-data:x"}}},
+        "image 127.0.0.1:16399/latest/meta-data:x",
+    ),
 }
 
 
@@ -166,6 +191,32 @@ def write_tasks(root: Path, host_folder: Path, targets: list[tuple[str, int]]) -
         probing,
         "#!/bin/bash\nmkdir -p /logs/verifier\ncp /build-probe.txt /logs/verifier/reward.txt\n",
     )
+    # The workers' environment, asked for by the compose file and by task.toml.
+    reading = write_task(tasks / "reads-the-workers-environment")
+    _compose(reading, {"services": {"main": {"environment": {"LEAK": "${SANDBOX_TEST_CANARY}"}}}})
+    _test(
+        reading,
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        'echo "{\\"reward\\": 1, \\"leak=$LEAK\\": 1, \\"ok\\": 2}" > /logs/verifier/reward.json\n',
+    )
+    toml = write_task(tasks / "toml-reads-the-workers-environment")
+    (toml / "task.toml").write_text(
+        'version = "1.0"\n[verifier.env]\nLEAK = "${SANDBOX_TEST_CANARY}"\n'
+    )
+    # A volume of its own filled past the trial's disk cap.
+    filled = write_task(tasks / "volume-fill")
+    _compose(
+        filled,
+        {"services": {"main": {"volumes": ["scratch:/scratch"]}}, "volumes": {"scratch": {}}},
+    )
+    _solve(
+        filled,
+        "#!/bin/bash\nfor i in $(seq 1 40); do head -c 50M /dev/zero > /scratch/fill-$i; "
+        "sleep 0.5; done\necho 42 > /app/answer.txt\n",
+    )
+    # A sidecar that cannot start: what the engine says of it never reaches the trainer.
+    missing = write_task(tasks / "missing-image")
+    _compose(missing, {"services": {"spy": {"image": "no-such-image-marker-5e1a:1"}}})
     broken = write_task(tasks / "broken-build")
     (broken / "environment" / "Dockerfile").write_text(f"FROM {TASK_BASE}\nRUN false\n")
     write_task(tasks / "задача")
@@ -186,6 +237,10 @@ ROWS: dict[str, dict[str, str]] = {name: {"harbor_task_id": name} for name in ES
         "huge-reward",
         "broken-build",
         "build-probe",
+        "reads-the-workers-environment",
+        "toml-reads-the-workers-environment",
+        "volume-fill",
+        "missing-image",
         "задача",
     )
 }
@@ -216,7 +271,9 @@ def hostile(
         f"tasks_dir={str(tasks)!r}, task_mode=TaskMode.DATASET, agent='oracle')\n"
     )
     exited = {c.id for c in engine.containers.list(all=True, filters={"status": "exited"})}
+    victim = engine.volumes.create(VICTIM_VOLUME)
     env = {
+        "SANDBOX_TEST_CANARY": CANARY,
         **sandbox_env(engine, docker_config),
         "ROLLOUT_FLEET_SANDBOX_MEMORY_MB": str(MEMORY_MB),
         "ROLLOUT_FLEET_SANDBOX_PIDS": str(PIDS),
@@ -263,6 +320,7 @@ def hostile(
         "exited_before": exited,
     }
     fleet.close()
+    victim.remove(force=True)
     for server, _ in servers:
         server.terminate()
         server.wait(10)
@@ -339,6 +397,42 @@ def test_a_task_whose_image_fails_to_build_fails_and_leaves_no_container(
     failed_with(hostile["results"]["broken-build"], "did not build")
     exited = {c.id for c in engine.containers.list(all=True, filters={"status": "exited"})}
     assert exited <= hostile["exited_before"], "a failed build left its container"
+
+
+def test_the_workers_environment_never_reaches_a_sandbox_nor_its_result(
+    hostile: dict[str, Any],
+) -> None:
+    read = hostile["results"]["reads-the-workers-environment"]
+    assert read["status"] == "success", read
+    assert CANARY not in json.dumps(read)
+    assert read["sample"]["metrics"]["reward_ok"] == 2.0  # plain reward names pass
+    assert not any("leak" in name for name in read["sample"]["metrics"])  # others do not
+    failed_with(
+        hostile["results"]["toml-reads-the-workers-environment"],
+        "task.toml verifier env LEAK reads the worker's environment",
+    )
+    records = json.dumps([hostile["fleet"].record(i) for i, _ in hostile["admitted"].values()])
+    assert CANARY not in records
+
+
+def test_another_projects_volume_survives_a_task_naming_it(
+    hostile: dict[str, Any], engine: docker.DockerClient
+) -> None:
+    assert engine.volumes.get(VICTIM_VOLUME).name == VICTIM_VOLUME
+
+
+def test_a_volume_filled_past_the_disk_cap_stops_the_trial(hostile: dict[str, Any]) -> None:
+    failed_with(hostile["results"]["volume-fill"], f"{DISK_MB} MB cap")
+
+
+def test_what_the_engine_says_of_a_sandbox_never_reaches_the_trainer(
+    hostile: dict[str, Any],
+) -> None:
+    result = hostile["results"]["missing-image"]
+    assert result["status"] == "failure", result
+    assert "docker compose up failed (return code" in result["err_message"], result
+    assert "marker" not in result["err_message"]
+    assert "/" not in result["err_message"].split("failed", 1)[1]  # no paths, no command
 
 
 def test_a_build_reaches_neither_this_host_nor_metadata(hostile: dict[str, Any]) -> None:

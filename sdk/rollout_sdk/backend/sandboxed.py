@@ -34,6 +34,7 @@ class SandboxSettings:
     allowed_keys: frozenset[str] = frozenset()
     task_roots: tuple[str, ...] = ()
     task_hosts: frozenset[str] = field(default_factory=frozenset)
+    registries: frozenset[str] = frozenset()
 
 
 @runtime_checkable

@@ -45,6 +45,7 @@ from rollout_sdk.backend.harbor.egress import (
     Route,
     build_relay,
     checked,
+    relay_image,
 )
 from rollout_sdk.backend.harbor.egress import overlay as egress_overlay
 from rollout_sdk.backend.harbor.engine import BuildFailed, DockerEngine, EngineError
@@ -533,6 +534,8 @@ class HarborBackend(ExecutionBackend):
             closed=self.egress is Egress.TRAINGATE,
             build_network=self.build_network,
             allowed=self.settings.allowed_keys,
+            relay_image=relay_image(),
+            registries=self.settings.registries,
         )
         environment = self.environment_config.model_copy(deep=True)
         environment.import_path = confined.IMPORT_PATH

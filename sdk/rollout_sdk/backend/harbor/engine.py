@@ -221,22 +221,23 @@ class DockerEngine:
                     process.kill()
 
     async def disk_written(self, label: str) -> int:
-        """Bytes the containers labelled ``label`` (``key=value``) wrote to their own
-        layers."""
+        """Bytes the containers labelled ``label`` (``key=value``) wrote to their own layers
+        and to the volumes they mount (declared, anonymous or a Dockerfile's ``VOLUME``)."""
         text = await docker(
-            "ps",
-            "-a",
-            "--size",
-            "--no-trunc",
-            "--filter",
-            f"label={label}",
-            "--format",
-            "{{json .}}",
-        )
+            "ps", "-a", "--size", "--no-trunc", "--filter", f"label={label}",
+            "--format", "{{json .}}",
+        )  # fmt: skip
         written = 0
+        mounted: set[str] = set()
         for line in _lines(text):
-            size = str(json.loads(line).get("Size", "")).split(" ", 1)[0]
-            written += _bytes(size)
+            listed = json.loads(line)
+            written += _bytes(str(listed.get("Size", "")).split(" ", 1)[0])
+            mounted |= {name for name in str(listed.get("Mounts") or "").split(",") if name}
+        if mounted:
+            usage = json.loads(await docker("system", "df", "-v", "--format", "{{json .Volumes}}"))
+            for volume in usage or []:
+                if volume.get("Name") in mounted:
+                    written += _bytes(str(volume.get("Size", "")))
         return written
 
     async def _ids(self, kind: str, label: str) -> list[str]:

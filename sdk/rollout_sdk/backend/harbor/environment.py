@@ -26,6 +26,7 @@ import posixpath
 from pathlib import Path
 from typing import Any, override
 
+import yaml
 from harbor.environments.base import ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.docker.docker import DockerEnvironment
@@ -37,6 +38,19 @@ IMPORT_PATH = f"{__name__}:ConfinedDockerEnvironment"
 OUTPUT_CAP_BYTES = 1 * 2**20  # a command's output kept in memory (the rest is counted)
 REWARD_CAP_BYTES = 64 * 2**10  # reward.txt / reward.json, read whole by Harbor
 MODEL_CAP_BYTES = 4 * 2**20  # the rendered Compose model
+# Of the worker's environment, what ``docker compose`` needs to reach the engine.
+ENGINE_ENV = (
+    "PATH",
+    "HOME",
+    "DOCKER_HOST",
+    "DOCKER_TLS_VERIFY",
+    "DOCKER_CERT_PATH",
+    "DOCKER_CONFIG",
+    "DOCKER_CONTEXT",
+    "TMPDIR",
+)
+# Keys of a task's own compose file that read files of the host into the model.
+FILE_KEYS = ("env_file", "label_file", "extends")
 SMALL_FILES = {"reward.txt": REWARD_CAP_BYTES, "reward.json": REWARD_CAP_BYTES}
 
 # Why the current trial's sandbox was refused (set per trial by the backend).
@@ -71,6 +85,8 @@ def policy_kwargs(policy: SandboxPolicy) -> dict[str, Any]:
             "closed": policy.closed,
             "build_network": policy.build_network,
             "allowed": sorted(policy.allowed),
+            "relay_image": policy.relay_image,
+            "registries": sorted(policy.registries),
         }
     }
 
@@ -86,6 +102,8 @@ def _policy(raw: dict[str, Any]) -> SandboxPolicy:
         closed=raw["closed"],
         build_network=raw["build_network"],
         allowed=frozenset(raw["allowed"]),
+        relay_image=raw["relay_image"],
+        registries=frozenset(raw["registries"]),
     )
 
 
@@ -116,7 +134,25 @@ class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
             await self._confine()
         return await super()._run_docker_compose_command(command, *args, **kwargs)
 
+    @override
+    def _compose_env_vars(self, include_os_env: bool = True) -> dict[str, str]:
+        """What ``docker compose`` runs with: Harbor's own variables and the task's, and of
+        the worker's environment only what reaches the engine. Compose interpolates a task's
+        file with these (``${VAR}``), so the worker's keys must not be among them."""
+        found: dict[str, str] = super()._compose_env_vars(include_os_env=False)
+        for name in ENGINE_ENV:
+            if name in os.environ:
+                found.setdefault(name, os.environ[name])
+        return found
+
     async def _confine(self) -> None:
+        task_file = self._environment_docker_compose_path
+        if task_file.exists():
+            try:
+                await asyncio.to_thread(_check_task_file, task_file, self.environment_name)
+            except PolicyRefusal as exc:
+                _note(str(exc))
+                raise
         rendered = self.trial_paths.trial_dir / f"{self.session_id}.compose.rendered.json"
         await super()._run_docker_compose_command(
             ["config", "--format", "json", "--output", str(rendered)]
@@ -235,6 +271,49 @@ class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
         if dropped:
             text += f"\n[{dropped} more bytes of output not kept]\n"
         return ExecResult(stdout=text or None, stderr=None, return_code=process.returncode or 0)
+
+
+def _check_task_file(path: Path, task: str) -> None:
+    """The task's own compose file, before Compose renders it: rendering reads the files its
+    ``env_file``, ``label_file``, ``extends`` and ``include`` name into the model, so they must
+    be files of the task (in a worker thread)."""
+    with path.open("rb") as source:
+        data = source.read(MODEL_CAP_BYTES + 1)
+    if len(data) > MODEL_CAP_BYTES:
+        raise PolicyRefusal(f"task {task}: its docker-compose.yaml is over {MODEL_CAP_BYTES} bytes")
+    try:
+        document = yaml.safe_load(data)
+    except yaml.YAMLError:
+        return  # Compose refuses it with its own message
+    if not isinstance(document, dict):
+        return
+    folder = os.path.realpath(path.parent.parent)  # the task's folder
+    named: list[tuple[str, Any]] = [("include", document.get("include"))]
+    for name, service in (document.get("services") or {}).items():
+        if isinstance(service, dict):
+            named += [(f"services.{name}.{key}", service.get(key)) for key in FILE_KEYS]
+    for where, value in named:
+        for file in _files(value):
+            resolved = os.path.realpath(os.path.join(path.parent, file))
+            if resolved != folder and not resolved.startswith(folder + "/"):
+                raise PolicyRefusal(
+                    f"task {task}: {where} names {file}, outside the task: a task reads only "
+                    "its own files"
+                )
+
+
+def _files(value: Any) -> list[str]:
+    """The file paths a compose key's value names (a string, a list, or mappings with
+    ``path`` / ``file``)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [str(v) for k, v in value.items() if k in ("path", "file") and v]
+    if isinstance(value, list):
+        return [f for item in value for f in _files(item)]
+    return []
 
 
 def _confined(rendered: Path, policy: SandboxPolicy, task: str) -> dict[str, Any]:

@@ -113,6 +113,10 @@ class SandboxPolicy:
     build_network: str = "none"
     # Service keys an operator allows for trusted tasks, values unchecked.
     allowed: frozenset[str] = frozenset()
+    # The relay's image: a service named like the relay must be exactly the fleet's.
+    relay_image: str | None = None
+    # Registry hosts an image may name (an image naming none comes from the engine's default).
+    registries: frozenset[str] = frozenset()
 
 
 def _within(path: str, roots: Iterable[str]) -> bool:
@@ -156,6 +160,16 @@ def _least(ceiling: float, *asked: float | None) -> float:
     return min([ceiling, *(a for a in asked if a is not None and a > 0)])
 
 
+def _own_name(
+    model: Mapping[str, Any], section: str, key: str, body: Mapping[str, Any], task: str
+) -> None:
+    """A network or volume keeps the name Compose gives it (``<project>_<key>``): a name of
+    its own would join, or remove, what another project or the engine holds."""
+    named = body.get("name")
+    if named is not None and named != f"{model.get('name')}_{key}":
+        raise _refuse(task, f"{section}.{key}.name={named}", "a name of the trial's own")
+
+
 def confine(
     model: Mapping[str, Any],
     policy: SandboxPolicy,
@@ -168,6 +182,9 @@ def confine(
     for key in model:
         if key not in TOP_KEYS and not key.startswith("x-"):
             raise _refuse(task, key, "files and settings of the host")
+    for section in ("networks", "volumes"):
+        for key, body in (model.get(section) or {}).items():
+            _own_name(model, section, key, body or {}, task)
     networks = _networks(model.get("networks") or {}, policy, task)
     volumes = _volumes(model.get("volumes") or {}, policy, task)
     services = {
@@ -231,6 +248,9 @@ def _service(
 ) -> dict[str, Any]:
     where = f"services.{name}"
     service = copy.deepcopy(dict(declared))
+    if policy.relay is not None and name == policy.relay:
+        _check_relay(service, where, policy, task)
+    _check_image(service.get("image"), where, policy, task)
     for key in service:
         if key not in SERVICE_KEYS and key not in policy.allowed and not key.startswith("x-"):
             raise _refuse(
@@ -238,24 +258,14 @@ def _service(
                 f"{where}.{key}",
                 "host namespaces, privileges, devices and the host's files never are",
             )
-    joined = service.get("networks") or {}
-    if isinstance(joined, list):
-        joined = {n: None for n in joined}
-    for network, settings in joined.items():
-        if network not in networks:
-            raise _refuse(task, f"{where}.networks.{network}", "a network the trial lacks")
-        if network in policy.open_networks and name != policy.relay:
-            raise _refuse(task, f"{where}.networks.{network}", "the fleet's way out is its relay's")
-        for key in settings or {}:
-            if key not in SERVICE_NETWORK_KEYS:
-                raise _refuse(task, f"{where}.networks.{network}.{key}", "aliases only")
+    _check_joined(name, service.get("networks") or {}, policy, task, networks)
     service["volumes"] = [
         _mount(m, where, policy, task, volumes, resolve) for m in service.get("volumes") or []
     ]
     if not service["volumes"]:
         del service["volumes"]
     if "build" in service:
-        service["build"] = _build(service["build"], where, policy, task)
+        service["build"] = _build(service["build"], where, policy, task, resolve)
     if "deploy" in service:
         _check_deploy(service["deploy"], where, task)
     _limit(service, policy.limits)
@@ -301,17 +311,76 @@ def _mount(
     return dict(mount)
 
 
-def _build(build: Any, where: str, policy: SandboxPolicy, task: str) -> dict[str, Any]:
+def _build(
+    build: Any, where: str, policy: SandboxPolicy, task: str, resolve: Callable[[str], str]
+) -> dict[str, Any]:
     body = dict(build if isinstance(build, Mapping) else {"context": build})
     for key in body:
         if key not in BUILD_KEYS:
             raise _refuse(task, f"{where}.build.{key}", "a context, a Dockerfile and arguments")
     context = str(body.get("context") or "")
-    if not _within(context, policy.mount_roots):
+    if not _within(resolve(context), policy.mount_roots):
         raise _refuse(task, f"{where}.build.context {context}", "the task's own folder only")
+    dockerfile = str(body.get("dockerfile") or "Dockerfile")
+    if not _within(resolve(posixpath.join(context, dockerfile)), (resolve(context),)):
+        raise _refuse(task, f"{where}.build.dockerfile {dockerfile}", "a file of the context")
     body["network"] = policy.build_network
     body["labels"] = {**(body.get("labels") or {}), **policy.labels}
     return body
+
+
+def _check_joined(
+    name: str, joined: Any, policy: SandboxPolicy, task: str, networks: Mapping[str, Any]
+) -> None:
+    """A service joins only the trial's networks, by aliases; only the relay joins one with
+    a way out."""
+    where = f"services.{name}"
+    if isinstance(joined, list):
+        joined = {n: None for n in joined}
+    for network, settings in joined.items():
+        if network not in networks:
+            raise _refuse(task, f"{where}.networks.{network}", "a network the trial lacks")
+        if network in policy.open_networks and name != policy.relay:
+            raise _refuse(task, f"{where}.networks.{network}", "the fleet's way out is its relay's")
+        for key in settings or {}:
+            if key not in SERVICE_NETWORK_KEYS:
+                raise _refuse(task, f"{where}.networks.{network}.{key}", "aliases only")
+
+
+RELAY_KEYS = frozenset(
+    {"image", "command", "entrypoint", "init", "labels", "stop_grace_period", "networks"}
+)
+
+
+def _check_relay(service: Mapping[str, Any], where: str, policy: SandboxPolicy, task: str) -> None:
+    """The service named like the fleet's relay is the relay and nothing else: a task that
+    declares one would otherwise run its own code on the relay's way out."""
+    extra = set(service) - RELAY_KEYS
+    if extra or service.get("entrypoint") or service.get("image") != policy.relay_image:
+        what = sorted(extra) or ["entrypoint" if service.get("entrypoint") else "image"]
+        raise _refuse(task, f"{where}.{what[0]}", "the fleet's relay is the fleet's alone")
+
+
+def _registry(image: str) -> str | None:
+    """The registry host an image reference names, if any (Docker's rule: a first part with
+    a dot or a colon, or ``localhost``)."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first.lower()
+    return None
+
+
+def _check_image(image: Any, where: str, policy: SandboxPolicy, task: str) -> None:
+    """An image from a registry the operator named, or from the engine's default: a task
+    naming a host would have the engine connect there on its behalf (this host's loopback,
+    a metadata address)."""
+    registry = _registry(str(image)) if image else None
+    if registry is not None and registry.rsplit(":", 1)[0] not in policy.registries:
+        raise _refuse(
+            task,
+            f"{where}.image {image}",
+            "images from the engine's default registry, or one in ROLLOUT_FLEET_SANDBOX_REGISTRIES",
+        )
 
 
 def _check_deploy(deploy: Any, where: str, task: str) -> None:

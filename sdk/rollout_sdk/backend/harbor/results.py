@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,28 @@ TASK_FAULTS = (
     "OverflowError",
 )
 NOT_FINITE = "the task's tests gave a reward that is not a finite number"
+# A reward's name becomes a metric's: the task writes it, so it is held to a short plain name.
+REWARD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+MAX_REWARDS = 16
+MESSAGE_CAP = 300
+# Harbor's message for a failed compose command carries the command and all it printed (the
+# task's files and paths, a registry's answer): only the step and its code are kept.
+COMPOSE_FAILED = re.compile(
+    r"Docker compose command failed.*?Command: .*? (\w+)(?: [^.]*)?\. Return code: (-?\d+)", re.S
+)
+
+
+def harbor_message(error: Any) -> str:
+    """A trial's exception as one short line of Harbor's own words: never what a sandbox
+    printed (a compose failure's output, past ``Stdout:``), never control characters."""
+    text = str(getattr(error, "exception_message", "") or "")
+    compose = COMPOSE_FAILED.search(text)
+    if compose is not None:
+        text = f"docker compose {compose.group(1)} failed (return code {compose.group(2)})"
+    text = text.split(" Stdout:", 1)[0]
+    text = "".join(c if c.isprintable() else " " for c in text)
+    kind = str(getattr(error, "exception_type", "") or "Error")
+    return f"{kind}: {text[:MESSAGE_CAP]}".strip().rstrip(":")
 
 
 def finite(value: Any) -> float | None:
@@ -51,7 +74,8 @@ def _rewards(result: Any) -> tuple[float | None, dict[str, float], bool]:
     if not isinstance(rewards, dict):
         return None, {}, False
     raw = rewards.get("reward", next(iter(rewards.values()), None)) if rewards else None
-    others = {f"reward_{k}": finite(v) for k, v in rewards.items() if k != "reward"}
+    named = [k for k in rewards if k != "reward" and REWARD_NAME.fullmatch(str(k))]
+    others = {f"reward_{k}": finite(rewards[k]) for k in named[:MAX_REWARDS]}
     reward = finite(raw) if raw is not None else None
     ok = (raw is None or reward is not None) and None not in others.values()
     return reward, {k: v for k, v in others.items() if v is not None}, ok
@@ -169,7 +193,7 @@ def workflow_outcome(
         output = trial_dir / "agent" / "workflow-output.txt"
         said = output.read_text().strip().splitlines()[-1:] if output.is_file() else []
         reason = (
-            f"{error.exception_type}: {error.exception_message}"
+            harbor_message(error)
             if error is not None
             else (said[0][:300] if said else "it wrote no result")
         )
@@ -201,7 +225,7 @@ def workflow_outcome(
             update={
                 "status": RolloutStatus.FAILURE,
                 "err_message": "the task's tests gave no reward"
-                + (f" ({error.exception_type}: {error.exception_message})" if error else ""),
+                + (f" ({harbor_message(error)})" if error else ""),
                 "err_category": RolloutErrorCategory.AGENT_ERROR,
             }
         )
@@ -264,7 +288,7 @@ def outcome(
             if error.exception_type in TASK_FAULTS
             else RolloutErrorCategory.AGENT_ERROR
         )
-        text = f"{error.exception_type}: {error.exception_message}".strip().rstrip(":")
+        text = harbor_message(error)
         failed = ExecutionResult(
             status=RolloutStatus.FAILURE,
             sample=sample,

@@ -146,19 +146,38 @@ def _checked(path: Path, source: str) -> Path:
     return path
 
 
-def content_hash(folder: Path, *extra: bytes) -> str:
-    """A hash of every file's path, mode and bytes under ``folder`` (and ``extra``)."""
+TASK_CAP_BYTES = 2 * 2**30  # a task folder the fleet reads to hash and copy
+
+
+def content_hash(folder: Path, *extra: bytes, cap: int = TASK_CAP_BYTES) -> str:
+    """A hash of every file's path, mode and bytes under ``folder`` (and ``extra``), read in
+    chunks; a link counts as its target's text, never followed. Over ``cap`` bytes in all:
+    :class:`TaskError`."""
     digest = hashlib.sha256()
     skipped = {"__pycache__", ".venv", ".git", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
-    files = (
+    found = (
         p
         for p in folder.rglob("*")
-        if p.is_file() and p.suffix != ".pyc" and not skipped & set(p.relative_to(folder).parts)
+        if (p.is_symlink() or p.is_file())
+        and p.suffix != ".pyc"
+        and not skipped & set(p.relative_to(folder).parts)
     )
-    for path in sorted(files):
+    total = 0
+    for path in sorted(found):
         digest.update(str(path.relative_to(folder)).encode())
+        if path.is_symlink():
+            digest.update(b"\0l" + os.readlink(path).encode())
+            continue
         digest.update(b"\0x" if path.stat().st_mode & 0o111 else b"\0-")
-        digest.update(path.read_bytes())
+        with path.open("rb") as source:
+            while chunk := source.read(2**20):
+                total += len(chunk)
+                if total > cap:
+                    raise TaskError(
+                        f"{folder.name} holds more than {cap // 2**20} MB of files: a task folder "
+                        "is copied for its trials, keep large data in its image"
+                    )
+                digest.update(chunk)
         digest.update(b"\0")
     for part in extra:
         digest.update(part)
@@ -287,6 +306,23 @@ def _drop_links_out(folder: Path) -> None:
             path.unlink()
 
 
+def _refuse_host_values(value: Any, task: str, where: str = "task.toml") -> None:
+    """A task's ``task.toml`` never reads the worker's environment: Harbor fills ``${VAR}``
+    (its ``[environment.env]``, ``[verifier.env]``, ``[solution.env]``...) from the process
+    that runs the trial, which holds the fleet's keys."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_host_values(item, task, f"{where} {key}")
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_host_values(item, task, where)
+    elif isinstance(value, str) and "${" in value:
+        raise TaskError(
+            f"task {task}: {where} reads the worker's environment (${{...}}), which a task may "
+            "not: write the value itself"
+        )
+
+
 def _task_config(task: Path) -> dict[str, Any]:
     path = task / "task.toml"
     return tomllib.loads(path.read_text()) if path.is_file() else {}
@@ -302,6 +338,7 @@ def _copy_naming_image(
     shutil.copytree(task, staging, symlinks=True)
     _drop_links_out(staging)
     config = _task_config(task)
+    _refuse_host_values(config, task.name)
     config.setdefault("environment", {})["docker_image"] = tag
     import toml  # Harbor's own dependency, as Harbor writes task files with it
 
