@@ -14,6 +14,7 @@ A sample of drawn tasks then runs on the engine through a fleet: each rollout en
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -27,8 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.sandboxes import write_task
+from rollout_sdk.backend.harbor.environment import engine_environment
 from rollout_sdk.backend.harbor.policy import (
     NO_NEW_PRIVILEGES,
+    RELAY_KEYS,
     SERVICE_KEYS,
     Limits,
     PolicyRefusal,
@@ -43,6 +46,21 @@ from tests.harness import V2FleetUnderTest
 HARBOR_PREBUILT = COMPOSE_PREBUILT_PATH  # Harbor's own file for a task with an image
 LIMITS = Limits(memory_mb=512, pids=128, cpus=0.5)
 LABELS = {"org.rollout-fleet.execution": "drawn"}
+RELAY, RELAY_IMAGE = "rollout-egress", "rollout-fleet-sandbox-relay:drawn"
+CANARY = "canary-31c5-in-the-workers-environment"
+# The fleet's own overlay as a trial with a relay has it (egress.overlay, sandbox.write_overlay).
+OVERLAY = {
+    "services": {
+        "main": {"labels": LABELS},
+        RELAY: {
+            "image": RELAY_IMAGE,
+            "command": ["python3", "/relay.py", "9001", "10.1.2.3", "9001"],
+            "init": True,
+            "networks": {"default": {"aliases": ["traingate"]}, "egress": {}},
+        },
+    },
+    "networks": {"default": {"internal": True}, "egress": {}},
+}
 
 # Forbidden service keys, each with a value Compose renders.
 FORBIDDEN: dict[str, list[Any]] = {
@@ -84,6 +102,19 @@ ALLOWED: dict[str, list[Any]] = {
     "expose": [["80"]],
     "restart": ["no"],
     "labels": [{"org.rollout-fleet.execution": "forged"}, {"x": "y"}],
+    # Values that reach out: the workers' environment, a registry on this host.
+    "environment_": [{"LEAK": "${SANDBOX_TEST_CANARY}"}, ["LEAK=${SANDBOX_TEST_CANARY:-x}"]],
+    "image": [
+        "python:3.12-slim-bookworm",
+        "127.0.0.1:16399/meta-data:x",
+        "localhost/x:1",
+        "registry.example.com/x:1",
+    ],
+    "build": [
+        {"context": ".", "dockerfile": "/etc/hostname"},
+        {"context": ".", "dockerfile": "../../../../etc/hostname"},
+        {"context": "."},
+    ],
 }
 
 
@@ -106,7 +137,7 @@ def mounts(task: Path) -> st.SearchStrategy[str]:
 def compose_files(draw: st.DrawFn, task: Path) -> dict[str, Any]:
     main: dict[str, Any] = {}
     for key in draw(st.sets(st.sampled_from(sorted(ALLOWED)), max_size=5)):
-        main[key] = draw(st.sampled_from(ALLOWED[key]))
+        main[key.rstrip("_")] = draw(st.sampled_from(ALLOWED[key]))
     for key in draw(st.sets(st.sampled_from(sorted(FORBIDDEN)), max_size=2)):
         main[key] = draw(st.sampled_from(FORBIDDEN[key]))
     if "volumes_from" in main:
@@ -124,9 +155,28 @@ def compose_files(draw: st.DrawFn, task: Path) -> dict[str, Any]:
         if draw(st.booleans()):
             document["services"]["helper"]["network_mode"] = "host"
     if draw(st.booleans()):
-        name = draw(st.sampled_from(["wide", "egress"]))
+        name = draw(st.sampled_from(["wide", "egress", "default"]))
         main["networks"] = [name]
-        document["networks"] = {name: draw(st.sampled_from([{}, {"external": True}]))}
+        document["networks"] = {
+            name: draw(
+                st.sampled_from(
+                    [{}, {"external": True}, {"name": "victim_default"}, {"name": "host"}]
+                )
+            )
+        }
+    if draw(st.booleans()):  # a service named like the fleet's relay
+        document["services"][RELAY] = draw(
+            st.sampled_from(
+                [
+                    {"entrypoint": ["python3", "-c", "print(1)"]},
+                    {"volumes": ["/:/host"]},
+                    {"environment": {"A": "1"}},
+                    {"image": "python:3.12-slim-bookworm"},
+                ]
+            )
+        )
+    if "volumes" in document and draw(st.booleans()):
+        document["volumes"]["named"] = {"name": "rollout-fleet_redis-data"}
     if draw(st.booleans()):
         main["deploy"] = {"resources": {"limits": {"memory": "8g", "cpus": "8"}}}
         main.pop("mem_limit", None)
@@ -138,9 +188,10 @@ def render(task: Path, document: dict[str, Any], config: Path) -> dict[str, Any]
     """What Compose renders for a trial of this task (None: Compose refuses the file)."""
     environment = task / "environment"
     (environment / "docker-compose.yaml").write_text(json.dumps(document))
-    overlay = {"services": {"main": {"labels": LABELS}}, "networks": {"default": {}}}
-    (task / "overlay.json").write_text(json.dumps(overlay))
-    env = {**os.environ, "DOCKER_CONFIG": str(config), "PREBUILT_IMAGE_NAME": "task:drawn"}
+    (task / "overlay.json").write_text(json.dumps(OVERLAY))
+    # As the fleet runs compose: the workers' environment (with a secret in it) scrubbed.
+    workers = {**os.environ, "DOCKER_CONFIG": str(config), "SANDBOX_TEST_CANARY": CANARY}
+    env = {**engine_environment(workers), "PREBUILT_IMAGE_NAME": "task:drawn"}
     argv = ["docker", "compose", "-p", "drawn", "--project-directory", str(environment)]
     for path in (HARBOR_PREBUILT, environment / "docker-compose.yaml", task / "overlay.json"):
         argv += ["-f", str(path)]
@@ -156,10 +207,18 @@ def render(task: Path, document: dict[str, Any], config: Path) -> dict[str, Any]
 def violations(model: dict[str, Any], policy: SandboxPolicy) -> list[str]:
     """What in a confined model no sandbox may hold (empty: none)."""
     found = [key for key in model if key not in ("name", "services", "networks", "volumes")]
+    if CANARY in json.dumps(model):
+        found.append("the workers' environment")
+    for section in ("networks", "volumes"):
+        for key, body in (model.get(section) or {}).items():
+            if body.get("name") not in (None, f"{model.get('name')}_{key}"):
+                found.append(f"{section}.{key}.name={body.get('name')}")
     for name, service in model["services"].items():
         found += service_violations(name, service, policy)
     for name, network in model["networks"].items():
-        if network.get("external") or not network.get("internal"):
+        if network.get("external"):
+            found.append(f"networks.{name} is the engine's")
+        if not network.get("internal") and name not in policy.open_networks:
             found.append(f"networks.{name} has a way out")
     for name, volume in (model.get("volumes") or {}).items():
         if volume.get("driver_opts"):
@@ -169,6 +228,7 @@ def violations(model: dict[str, Any], policy: SandboxPolicy) -> list[str]:
 
 def service_violations(name: str, service: dict[str, Any], policy: SandboxPolicy) -> list[str]:
     found = [f"{name}.{key}" for key in service if key not in SERVICE_KEYS | {"security_opt"}]
+    found += reach_violations(name, service, policy)
     if service.get("security_opt") != [NO_NEW_PRIVILEGES]:
         found.append(f"{name}.security_opt={service.get('security_opt')}")
     if int(service["mem_limit"]) > policy.limits.memory_mb * 2**20:
@@ -187,6 +247,33 @@ def service_violations(name: str, service: dict[str, Any], policy: SandboxPolicy
     return found
 
 
+LIMIT_KEYS = {"security_opt", "mem_limit", "memswap_limit", "cpus", "pids_limit", "labels"}
+
+
+def reach_violations(name: str, service: dict[str, Any], policy: SandboxPolicy) -> list[str]:
+    """What lets a service reach past its box: the relay's way out taken by another service
+    or the relay holding more than the fleet gave it, an image from a registry host, a
+    Dockerfile outside its build's context."""
+    found = []
+    if name == RELAY and (service.get("entrypoint") or service.get("image") != RELAY_IMAGE):
+        found.append(f"{name} is not the fleet's relay")
+    if name == RELAY and set(service) - RELAY_KEYS - LIMIT_KEYS:
+        found.append(f"{name} holds more than the relay")
+    if name != RELAY and any(n in policy.open_networks for n in service.get("networks") or {}):
+        found.append(f"{name} joins the way out")
+    image = str(service.get("image") or "")
+    first = image.split("/", 1)[0] if "/" in image else ""
+    if "." in first or ":" in first or first == "localhost":
+        found.append(f"{name}.image {image}")
+    build = service.get("build") or {}
+    if build:
+        context = os.path.realpath(build["context"])
+        dockerfile = os.path.realpath(os.path.join(context, build.get("dockerfile", "Dockerfile")))
+        if not dockerfile.startswith(context + "/"):
+            found.append(f"{name}.build.dockerfile {dockerfile}")
+    return found
+
+
 def forbidden_in(document: dict[str, Any]) -> bool:
     return any(key in FORBIDDEN for service in document["services"].values() for key in service)
 
@@ -201,7 +288,13 @@ def drawn_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def policy_for(task: Path) -> SandboxPolicy:
     return SandboxPolicy(
-        limits=LIMITS, labels=LABELS, mount_roots=(os.path.realpath(task),), closed=True
+        limits=LIMITS,
+        labels=LABELS,
+        mount_roots=(os.path.realpath(task),),
+        closed=True,
+        open_networks=frozenset({"egress"}),
+        relay=RELAY,
+        relay_image=RELAY_IMAGE,
     )
 
 
@@ -239,17 +332,41 @@ def test_the_checker_sees_a_model_the_policy_should_have_refused(
     document = {"services": {"main": {"privileged": True, "volumes": ["/:/host"]}}}
     rendered = render(drawn_task, document, docker_config)
     assert rendered is not None
-    lax = SandboxPolicy(
-        limits=LIMITS,
-        labels=LABELS,
-        mount_roots=(os.path.realpath(drawn_task),),
-        allowed=frozenset({"privileged", "volumes"}),
-    )
+    lax = dataclasses.replace(policy_for(drawn_task), allowed=frozenset({"privileged", "volumes"}))
     found = violations(confine(rendered, lax, "drawn-task", os.path.realpath), lax)
     assert "main.privileged" in found
     assert "main.volumes bind /" in found
     with pytest.raises(PolicyRefusal, match=r"services\.main\.privileged"):
         confine(rendered, policy_for(drawn_task), "drawn-task", os.path.realpath)
+
+
+def test_the_checker_sees_every_way_out_the_review_found(
+    drawn_task: Path, docker_config: Path
+) -> None:
+    """Planted in a model the policy confined: each way out a hostile task author found in
+    an outside review, put back by hand; the checker names every one."""
+    rendered = render(drawn_task, {"services": {"main": {}}}, docker_config)
+    assert rendered is not None
+    policy = policy_for(drawn_task)
+    model = confine(rendered, policy, "drawn-task", os.path.realpath)
+    assert violations(model, policy) == []
+    planted = json.loads(json.dumps(model))
+    planted["services"]["main"]["environment"] = {"LEAK": CANARY}
+    planted["services"][RELAY]["entrypoint"] = ["python3", "-c", "print(1)"]
+    planted["services"]["main"]["image"] = "127.0.0.1:16399/meta-data:x"
+    planted["services"]["main"]["build"] = {"context": str(drawn_task), "dockerfile": "/etc/x"}
+    planted["networks"]["default"]["name"] = "victim_default"
+    planted["services"]["main"]["networks"] = {"egress": None}
+    found = violations(planted, policy)
+    for expected in (
+        "the workers' environment",
+        f"{RELAY} is not the fleet's relay",
+        "main.image 127.0.0.1:16399/meta-data:x",
+        "main.build.dockerfile /etc/x",
+        "networks.default.name=victim_default",
+        "main joins the way out",
+    ):
+        assert expected in found, (expected, found)
 
 
 SAMPLE = [

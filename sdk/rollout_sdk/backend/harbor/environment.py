@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import posixpath
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, override
 
@@ -140,10 +141,7 @@ class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
         the worker's environment only what reaches the engine. Compose interpolates a task's
         file with these (``${VAR}``), so the worker's keys must not be among them."""
         found: dict[str, str] = super()._compose_env_vars(include_os_env=False)
-        for name in ENGINE_ENV:
-            if name in os.environ:
-                found.setdefault(name, os.environ[name])
-        return found
+        return {**engine_environment(os.environ), **found}
 
     async def _confine(self) -> None:
         task_file = self._environment_docker_compose_path
@@ -273,6 +271,11 @@ class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
         return ExecResult(stdout=text or None, stderr=None, return_code=process.returncode or 0)
 
 
+def engine_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Of a process's environment, only what ``docker compose`` needs to reach the engine."""
+    return {name: environ[name] for name in ENGINE_ENV if name in environ}
+
+
 def _check_task_file(path: Path, task: str) -> None:
     """The task's own compose file, before Compose renders it: rendering reads the files its
     ``env_file``, ``label_file``, ``extends`` and ``include`` name into the model, so they must
@@ -331,4 +334,10 @@ def _confined(rendered: Path, policy: SandboxPolicy, task: str) -> dict[str, Any
     return confine(json.loads(data), policy, task, os.path.realpath)
 
 
-__all__ = ["IMPORT_PATH", "ConfinedDockerEnvironment", "policy_kwargs", "refusals"]
+__all__ = [
+    "IMPORT_PATH",
+    "ConfinedDockerEnvironment",
+    "engine_environment",
+    "policy_kwargs",
+    "refusals",
+]
