@@ -236,9 +236,10 @@ class FleetSettings(BaseSettings):
         "none",
         min_length=1,
         description="Sandboxed rollouts: the network task image builds use. none (default): a "
-        "task's Dockerfile RUN reaches nothing. Naming another (host, or a network of the "
-        "engine's) lets builds fetch packages and reach whatever that network reaches: only "
-        "for trusted tasks (docs/SANDBOXES.md).",
+        "task's Dockerfile RUN reaches nothing. proxied: an internal network whose one way out "
+        "is a proxy to the internet (and sandbox_build_hosts), never this host, the fleet or "
+        "a metadata address. Another name (host, a network of the engine's) reaches whatever "
+        "that network reaches: only for trusted tasks (docs/SANDBOXES.md).",
     )
     sandbox_memory_mb: int = Field(
         2048,
@@ -292,6 +293,12 @@ class FleetSettings(BaseSettings):
         default_factory=list,
         description="Sandboxed rollouts: comma-separated registry hosts a task's images may "
         "name (an image naming none comes from the engine's default registry); default none.",
+    )
+    sandbox_build_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Sandboxed rollouts: with sandbox_build_network=proxied, comma-separated "
+        "hosts a build may reach beside the internet (a package mirror on a private address); "
+        "never a link-local or metadata address.",
     )
     sandbox_egress: Literal["traingate", "open"] = Field(
         "traingate",
@@ -374,6 +381,7 @@ class FleetSettings(BaseSettings):
         "sandbox_task_roots",
         "sandbox_task_hosts",
         "sandbox_registries",
+        "sandbox_build_hosts",
         mode="before",
     )
     @classmethod

@@ -128,6 +128,7 @@ def sandbox_settings(settings: FleetSettings) -> SandboxSettings:
         task_roots=tuple(settings.sandbox_task_roots),
         task_hosts=frozenset(settings.sandbox_task_hosts),
         registries=frozenset(host.lower() for host in settings.sandbox_registries),
+        build_hosts=frozenset(host.lower() for host in settings.sandbox_build_hosts),
     )
 
 

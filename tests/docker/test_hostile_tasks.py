@@ -27,6 +27,7 @@ import pytest
 
 from bench.sandboxes import TASK_BASE, docker_host, write_oracle_rollout, write_task
 from rollout_fleet.processes import free_port
+from rollout_sdk.backend.harbor.engine import BUILT_LABEL
 from tests.conftest import StartFleet
 from tests.docker.sandboxes import ROLLOUT_LABEL, host_address, labelled, none_left
 from tests.docker.test_sandboxes import fleet_label, listening, sandbox_env
@@ -123,6 +124,18 @@ ESCAPES: dict[str, tuple[dict[str, Any], str]] = {
         {"services": {"spy": {"build": {"context": ".", "dockerfile": "/etc/hostname"}}}},
         "build.dockerfile /etc/hostname",
     ),
+    "env-file-by-a-default": (
+        {"services": {"main": {"env_file": ["${NOPE:-/etc/hostname}"]}}},
+        "with a variable in it",
+    ),
+    "the-tasks-folders": (
+        {"services": {"main": {"volumes": ["${CONTEXT_DIR}/../..:/trial"]}}},
+        "bind mounts come only from the task's files",
+    ),
+    "a-sidecar-built-from-a-url": (
+        {"services": {"spy": {"build": {"context": "./sidecar"}}}},
+        "Dockerfile ADD http://169.254.169.254",
+    ),
     "image-from-this-host": (
         {"services": {"spy": {"image": "127.0.0.1:16399/latest/meta-data:x"}}},
         "image 127.0.0.1:16399/latest/meta-data:x",
@@ -135,6 +148,38 @@ def write_tasks(root: Path, host_folder: Path, targets: list[tuple[str, int]]) -
     write_task(tasks / "plain")
     for name, (document, _) in ESCAPES.items():
         _compose(write_task(tasks / name), document)
+    write_fetching_tasks(tasks)
+    return write_more_tasks(tasks, host_folder, targets)
+
+
+def write_fetching_tasks(tasks: Path) -> None:
+    """Dockerfiles that make the engine fetch from this host or the metadata address."""
+    sidecar = tasks / "a-sidecar-built-from-a-url" / "environment" / "sidecar"
+    sidecar.mkdir()
+    (sidecar / "Dockerfile").write_text(
+        f"FROM {TASK_BASE}\nADD http://169.254.169.254/latest/meta-data/iam /meta.txt\n"
+    )
+    for name, line in (
+        ("add-from-metadata", "ADD http://169.254.169.254/latest/meta-data/iam /meta.txt"),
+        ("base-from-this-host", "FROM 127.0.0.1:16398/base:latest"),
+        ("copy-from-this-host", "COPY --from=127.0.0.1:16398/base:latest /etc/x /x"),
+    ):
+        task = write_task(tasks / name)
+        (task / "environment" / "Dockerfile").write_text(f"FROM {TASK_BASE}\n{line}\n")
+
+
+def write_more_tasks(tasks: Path, host_folder: Path, targets: list[tuple[str, int]]) -> Path:
+    # Its own files, mounted: read-only, so no trial changes what the next one runs.
+    own = write_task(tasks / "own-files-read-only")
+    (own / "environment" / "data").mkdir()
+    (own / "environment" / "data" / "answer.txt").write_text("42\n")
+    _compose(own, {"services": {"main": {"volumes": ["./data:/data"]}}})
+    _test(
+        own,
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        "if echo 41 > /data/answer.txt 2>/dev/null; then echo 0; else cat /data/answer.txt | "
+        "grep -q 42 && echo 1 || echo 0; fi > /logs/verifier/reward.txt\n",
+    )
     # A host folder: its test writes there, which must never happen.
     mount = write_task(tasks / "host-folder")
     _compose(mount, {"services": {"main": {"volumes": [f"{host_folder}:/w"]}}})
@@ -241,6 +286,10 @@ ROWS: dict[str, dict[str, str]] = {name: {"harbor_task_id": name} for name in ES
         "toml-reads-the-workers-environment",
         "volume-fill",
         "missing-image",
+        "add-from-metadata",
+        "base-from-this-host",
+        "copy-from-this-host",
+        "own-files-read-only",
         "задача",
     )
 }
@@ -415,6 +464,26 @@ def test_the_workers_environment_never_reaches_a_sandbox_nor_its_result(
     assert CANARY not in records
 
 
+@pytest.mark.parametrize(
+    ("name", "instruction"),
+    [
+        ("add-from-metadata", "Dockerfile ADD http://169.254.169.254"),
+        ("base-from-this-host", "Dockerfile FROM"),
+        ("copy-from-this-host", "Dockerfile COPY --from=127.0.0.1:16398/base:latest"),
+    ],
+)
+def test_a_dockerfile_making_the_engine_fetch_from_this_host_is_refused(
+    hostile: dict[str, Any], name: str, instruction: str
+) -> None:
+    failed_with(hostile["results"][name], f"task {name}", instruction)
+
+
+def test_a_tasks_own_files_are_mounted_read_only(hostile: dict[str, Any]) -> None:
+    result = hostile["results"]["own-files-read-only"]
+    assert result["status"] == "success", result
+    assert result["sample"]["reward"] == 1.0, "the sandbox wrote to the task's own files"
+
+
 def test_another_projects_volume_survives_a_task_naming_it(
     hostile: dict[str, Any], engine: docker.DockerClient
 ) -> None:
@@ -497,3 +566,98 @@ def test_a_sandboxed_agent_refuses_to_start_without_what_runs_its_sandboxes(
     assert lines[0].startswith("the agent runs rollouts in sandboxes, and "), lines[0]
     assert expected in lines[0]
     assert "Traceback" not in done.stderr
+
+
+BUILD_PROBE = """\
+import json, os, socket, urllib.error, urllib.request
+host, served, metadata, answering = {args!r}
+def connects(address, port):
+    try:
+        with socket.create_connection((address, port), timeout=3):
+            return True
+    except OSError:
+        return False
+def fetched(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError as error:
+        return str(error)[:80]
+seen = {{
+    "proxy": bool(os.environ.get("http_proxy")),
+    "direct to this host": connects(host, served),
+    "direct to metadata": connects(metadata, answering),
+    "mirror": fetched(f"http://{{host}}:{{served}}/"),
+    "loopback": fetched(f"http://127.0.0.1:{{served}}/"),
+    "metadata": fetched(f"http://{{metadata}}:{{answering}}/"),
+}}
+print(seen)
+json.dump(seen, open("/build-probe.json", "w"))
+"""
+
+
+def test_a_proxied_build_fetches_from_the_internet_and_listed_hosts_only(
+    engine: docker.DockerClient,
+    docker_config: Path,
+    start_fleet: StartFleet,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """ROLLOUT_FLEET_SANDBOX_BUILD_NETWORK=proxied: a build's RUN reaches a package mirror the
+    operator listed through the fleet's proxy, and neither this host's loopback nor the
+    metadata address, directly or through the proxy."""
+    metadata = "169.254.169.254"
+    added = subprocess.run(["ip", "addr", "add", f"{metadata}/32", "dev", "lo"], check=False)
+    mirror, served = listening("0.0.0.0")
+    answering, answering_port = listening(metadata)
+    host = host_address()
+    root = tmp_path_factory.mktemp("proxied")
+    task = write_task(root / "proxied-build")
+    (task / "environment" / "probe.py").write_text(
+        BUILD_PROBE.format(args=(host, served, metadata, answering_port))
+    )
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {TASK_BASE}\nWORKDIR /app\nCOPY probe.py /probe.py\nRUN python3 /probe.py\n"
+    )
+    expected = {
+        "proxy": True,
+        "direct to this host": False,
+        "direct to metadata": False,
+        "mirror": 200,
+        "loopback": 403,
+        "metadata": 403,
+    }
+    _test(
+        task,
+        "#!/bin/bash\nmkdir -p /logs/verifier\npython3 - <<'EOF'\nimport json\n"
+        f"seen = json.load(open('/build-probe.json'))\nexpected = {expected!r}\n"
+        "open('/logs/verifier/reward.txt', 'w').write('1' if seen == expected else '0')\n"
+        "print(seen)\nEOF\n",
+    )
+    main = root / "main.py"
+    main.write_text(
+        "from osmosis_ai.rollout.backend.harbor import HarborBackend\n"
+        f"backend = HarborBackend(tasks_dir={str(task)!r}, agent='oracle')\n"
+    )
+    env = {
+        **sandbox_env(engine, docker_config),
+        "ROLLOUT_FLEET_SANDBOX_BUILD_NETWORK": "proxied",
+        "ROLLOUT_FLEET_SANDBOX_BUILD_HOSTS": host,
+    }
+    fleet = start_fleet(str(main), handle=V2FleetUnderTest, workers=1, env=env)
+    assert isinstance(fleet, V2FleetUnderTest)
+    try:
+        result = fleet.result(*fleet.admitted(), timeout=300)
+        assert result["status"] == "success", f"{result}\n{fleet.logs(20000)}"
+        assert result["sample"]["reward"] == 1.0, fleet.logs(20000)
+        left = engine.containers.list(all=True, filters={"label": f"{BUILT_LABEL}=proxy"})
+        assert not left, "the build's proxy was left"
+        assert not engine.networks.list(filters={"label": f"{BUILT_LABEL}=proxy"})
+    finally:
+        fleet.close()
+        for server in (mirror, answering):
+            server.terminate()
+            server.wait(10)
+        if added.returncode == 0:
+            subprocess.run(["ip", "addr", "del", f"{metadata}/32", "dev", "lo"], check=False)

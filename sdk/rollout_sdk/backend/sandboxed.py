@@ -35,6 +35,7 @@ class SandboxSettings:
     task_roots: tuple[str, ...] = ()
     task_hosts: frozenset[str] = field(default_factory=frozenset)
     registries: frozenset[str] = frozenset()
+    build_hosts: frozenset[str] = frozenset()
 
 
 @runtime_checkable

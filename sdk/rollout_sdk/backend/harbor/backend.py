@@ -263,7 +263,13 @@ class HarborBackend(ExecutionBackend):
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         self.scratch = root / "overlays"
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self.tasks = PreparedTasks(root / "tasks", self.engine, self.build_network)
+        self.tasks = PreparedTasks(
+            root / "tasks",
+            self.engine,
+            self.build_network,
+            self.settings.build_hosts,
+            self.settings.registries,
+        )
 
     async def check_engine(self) -> None:
         """The docker CLI, its compose plugin and the engine answer (else one line)."""
@@ -366,7 +372,7 @@ class HarborBackend(ExecutionBackend):
             return _failed(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
         except BuildFailed as exc:
             return _failed(
-                f"the task's image did not build: {exc}", RolloutErrorCategory.VALIDATION_ERROR
+                f"the task's image did not build: {exc.step}", RolloutErrorCategory.VALIDATION_ERROR
             )
         except EngineError as exc:
             return _failed(
@@ -522,13 +528,11 @@ class HarborBackend(ExecutionBackend):
             raise _Refused(message, RolloutErrorCategory.INTERNAL_ERROR) from None
         if route is not None and ctx is not None:
             ctx = _Endpoint(route.url, ctx.api_key)
-        trial_dir = self.trials_dir / owner.trial_name
         limits = await asyncio.to_thread(self._limits, task)
         policy = SandboxPolicy(
             limits=limits,
             labels=owner.labels(),
-            mount_roots=(str(trial_dir), str(task)),
-            read_only_roots=(str(task), str(self.tasks.root)),
+            mount_roots=(str(task),),
             open_networks=frozenset({"egress"}) if route is not None else frozenset(),
             relay=RELAY_SERVICE if route is not None else None,
             closed=self.egress is Egress.TRAINGATE,

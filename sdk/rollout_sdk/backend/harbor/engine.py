@@ -16,6 +16,7 @@ from asyncio subprocesses or worker threads, so nothing here blocks an event loo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import posixpath
@@ -23,7 +24,8 @@ import re
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Mapping
+import uuid
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
@@ -40,6 +42,10 @@ from rollout_sdk.backend.harbor.sandbox import (
 ENGINE_TIMEOUT_SECONDS = 60.0
 BUILD_TIMEOUT_SECONDS = 1800.0
 BUILT_LABEL = "org.rollout-fleet.built"  # every image the fleet builds carries it
+PROXIED = "proxied"  # the build network of the fleet's own: a proxy to the internet only
+PROXY_PORT = 3128
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+PROXY_LIMITS = ("--memory=128m", "--memory-swap=128m", "--pids-limit=64", "--cpus=0.5")
 _ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours in the CLI's errors
 _CHUNK = 64 * 1024
 
@@ -49,7 +55,19 @@ class EngineError(RuntimeError):
 
 
 class BuildFailed(EngineError):
-    """A task's image did not build: the task's fault, named in one line."""
+    """A task's image did not build: the task's fault. :attr:`step` says which step failed
+    in Docker's own words, never what the engine fetched or a registry answered."""
+
+    @property
+    def step(self) -> str:
+        said = str(self)
+        exited = re.search(r"returned a non-zero code: (\d+)", said)
+        if exited is not None:
+            return f"a RUN step exited {exited.group(1)}"
+        parse = re.search(r"dockerfile parse error (?:on )?line (\d+)", said, re.IGNORECASE)
+        if parse is not None:
+            return f"its Dockerfile does not parse (line {parse.group(1)})"
+        return "docker build failed (its Dockerfile, or a base image the engine lacks)"
 
 
 class OverBudget(ValueError):
@@ -95,7 +113,13 @@ class SandboxEngine(Protocol):
 
     async def check_ready(self) -> None: ...
     async def build(
-        self, context: Path, tag: str, *, network: str, labels: Mapping[str, str]
+        self,
+        context: Path,
+        tag: str,
+        *,
+        network: str,
+        labels: Mapping[str, str],
+        proxy: tuple[str, frozenset[str]] | None = None,
     ) -> None: ...
     async def image_exists(self, tag: str) -> bool: ...
     async def copy_out(
@@ -123,7 +147,9 @@ def _reason(err: bytes) -> str:
     return (errors or said or ["no output"])[-1].strip()[:500]
 
 
-async def docker(*args: str, seconds: float = ENGINE_TIMEOUT_SECONDS) -> str:
+async def docker(
+    *args: str, seconds: float = ENGINE_TIMEOUT_SECONDS, env: Mapping[str, str] | None = None
+) -> str:
     """Run ``docker <args>``; its stdout. One-line :class:`EngineError` on failure."""
     process = await asyncio.create_subprocess_exec(
         docker_cli(),
@@ -131,7 +157,7 @@ async def docker(*args: str, seconds: float = ENGINE_TIMEOUT_SECONDS) -> str:
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=os.environ.copy(),
+        env={**os.environ, **(env or {})},
     )
     try:
         async with asyncio.timeout(seconds):
@@ -173,11 +199,33 @@ class DockerEngine:
             raise EngineError(f"the Docker engine at {where} does not answer: {exc}") from None
 
     async def build(
-        self, context: Path, tag: str, *, network: str, labels: Mapping[str, str]
+        self,
+        context: Path,
+        tag: str,
+        *,
+        network: str,
+        labels: Mapping[str, str],
+        proxy: tuple[str, frozenset[str]] | None = None,
     ) -> None:
         """Build ``context`` as ``tag``: on ``network`` (``none`` unless the operator named
-        another), its intermediate containers removed whether it succeeds or fails."""
+        another), its intermediate containers removed whether it succeeds or fails. On
+        :data:`PROXIED`, ``proxy`` is the relay's image and the hosts it may reach beside the
+        internet: the build runs on an internal network whose one way out is that proxy."""
         tags = [f"--label={name}={value}" for name, value in {BUILT_LABEL: "1", **labels}.items()]
+        if network == PROXIED:
+            if proxy is None:
+                raise EngineError("a proxied build needs the relay's image")
+            async with self._build_proxy(*proxy) as (inside, address):
+                settings = [
+                    f"--build-arg={v}=http://{address}:{PROXY_PORT}" for v in PROXY_VARIABLES
+                ]
+                await self._build(
+                    "build", "-q", "--force-rm", f"--network={inside}", *settings, *tags,
+                    "-t", tag, str(context),
+                    seconds=BUILD_TIMEOUT_SECONDS,
+                    env={"DOCKER_BUILDKIT": "0"},  # BuildKit takes no network of the engine's
+                )  # fmt: skip
+            return
         await self._build(
             "build",
             "-q",
@@ -190,9 +238,42 @@ class DockerEngine:
             seconds=BUILD_TIMEOUT_SECONDS,
         )
 
-    async def _build(self, *args: str, seconds: float) -> None:
+    @contextlib.asynccontextmanager
+    async def _build_proxy(
+        self, image: str, hosts: frozenset[str]
+    ) -> AsyncIterator[tuple[str, str]]:
+        """An internal network and a proxy on it with a way out, for one build; removed
+        after it, however it ends. Yields the network's name and the proxy's address."""
+        name = f"rollout-fleet-build-{uuid.uuid4().hex[:12]}"
+        labels = [f"--label={BUILT_LABEL}=proxy"]
+        closed = "--opt=com.docker.network.bridge.inhibit_ipv4=true"
         try:
-            await docker(*args, seconds=seconds)
+            await docker("network", "create", "--internal", closed, *labels, f"{name}-in")
+            await docker("network", "create", *labels, f"{name}-out")
+            listed = ",".join(sorted(hosts)) or ","
+            await docker(
+                "run", "-d", "--name", name, f"--network={name}-in", *labels, *PROXY_LIMITS,
+                "--cap-drop=ALL", "--security-opt=no-new-privileges:true", "--init",
+                image, "python3", "/relay.py", "proxy", str(PROXY_PORT), listed,
+            )  # fmt: skip
+            await docker("network", "connect", f"{name}-out", name)
+            found = await docker(
+                "inspect", "--format",
+                "{{(index .NetworkSettings.Networks \"" + f"{name}-in" + "\").IPAddress}}", name,
+            )  # fmt: skip
+            yield f"{name}-in", found.strip()
+        finally:
+            with contextlib.suppress(EngineError):
+                await docker("rm", "-f", name)
+            for network in (f"{name}-in", f"{name}-out"):
+                with contextlib.suppress(EngineError):
+                    await docker("network", "rm", network)
+
+    async def _build(
+        self, *args: str, seconds: float, env: Mapping[str, str] | None = None
+    ) -> None:
+        try:
+            await docker(*args, seconds=seconds, env=env)
         except EngineError as exc:
             raise BuildFailed(str(exc).removeprefix("docker build failed: ")) from None
 
@@ -384,6 +465,7 @@ def _copy(source: IO[bytes], destination: Path) -> None:
 
 __all__ = [
     "BUILT_LABEL",
+    "PROXIED",
     "BuildFailed",
     "CopyBudget",
     "DockerEngine",

@@ -33,7 +33,13 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.docker.docker import DockerEnvironment
 
 from rollout_sdk.backend.harbor.engine import CopyBudget, DockerEngine, OverBudget
-from rollout_sdk.backend.harbor.policy import Limits, PolicyRefusal, SandboxPolicy, confine
+from rollout_sdk.backend.harbor.policy import (
+    Limits,
+    PolicyRefusal,
+    SandboxPolicy,
+    check_dockerfile,
+    confine,
+)
 
 IMPORT_PATH = f"{__name__}:ConfinedDockerEnvironment"
 OUTPUT_CAP_BYTES = 1 * 2**20  # a command's output kept in memory (the rest is counted)
@@ -80,7 +86,7 @@ def policy_kwargs(policy: SandboxPolicy) -> dict[str, Any]:
             },
             "labels": dict(policy.labels),
             "mount_roots": list(policy.mount_roots),
-            "read_only_roots": list(policy.read_only_roots),
+            "fleet_mounts": sorted(policy.fleet_mounts),
             "open_networks": sorted(policy.open_networks),
             "relay": policy.relay,
             "closed": policy.closed,
@@ -97,7 +103,7 @@ def _policy(raw: dict[str, Any]) -> SandboxPolicy:
         limits=Limits(**raw["limits"]),
         labels=raw["labels"],
         mount_roots=tuple(raw["mount_roots"]),
-        read_only_roots=tuple(raw["read_only_roots"]),
+        fleet_mounts=frozenset((str(a), str(b)) for a, b in raw["fleet_mounts"]),
         open_networks=frozenset(raw["open_networks"]),
         relay=raw["relay"],
         closed=raw["closed"],
@@ -156,8 +162,14 @@ class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
             ["config", "--format", "json", "--output", str(rendered)]
         )
         task = self.environment_name
+        fleet_mounts = frozenset(
+            (str(m["source"]), str(m["target"]))
+            for m in self._host_mounts
+            if m.get("type") == "bind"
+        )
+        policy = dataclasses.replace(self._fleet_policy, fleet_mounts=fleet_mounts)
         try:
-            confined = await asyncio.to_thread(_confined, rendered, self._fleet_policy, task)
+            confined = await asyncio.to_thread(_confined, rendered, policy, task)
         except PolicyRefusal as exc:
             _note(str(exc))
             raise
@@ -297,6 +309,11 @@ def _check_task_file(path: Path, task: str) -> None:
             named += [(f"services.{name}.{key}", service.get(key)) for key in FILE_KEYS]
     for where, value in named:
         for file in _files(value):
+            if "$" in file:
+                raise PolicyRefusal(
+                    f"task {task}: {where} names {file}, with a variable in it: a task's files "
+                    "are named as they are"
+                )
             resolved = os.path.realpath(os.path.join(path.parent, file))
             if resolved != folder and not resolved.startswith(folder + "/"):
                 raise PolicyRefusal(
@@ -329,9 +346,26 @@ def _confined(rendered: Path, policy: SandboxPolicy, task: str) -> dict[str, Any
     policy = dataclasses.replace(
         policy,
         mount_roots=tuple(os.path.realpath(root) for root in policy.mount_roots),
-        read_only_roots=tuple(os.path.realpath(root) for root in policy.read_only_roots),
+        fleet_mounts=frozenset((os.path.realpath(a), b) for a, b in policy.fleet_mounts),
     )
-    return confine(json.loads(data), policy, task, os.path.realpath)
+    confined = confine(json.loads(data), policy, task, os.path.realpath)
+    for service in confined["services"].values():
+        build = service.get("build")
+        if build:  # a service Compose builds: what its Dockerfile makes the engine fetch
+            dockerfile = Path(build["context"]) / str(build.get("dockerfile") or "Dockerfile")
+            check_dockerfile(_read_text(dockerfile, MODEL_CAP_BYTES, task), policy, task)
+    return confined
+
+
+def _read_text(path: Path, cap: int, task: str) -> str:
+    try:
+        with path.open("rb") as source:
+            data = source.read(cap + 1)
+    except OSError:
+        return ""  # Compose names what is missing
+    if len(data) > cap:
+        raise PolicyRefusal(f"task {task}: {path.name} is over {cap} bytes")
+    return data.decode(errors="replace")
 
 
 __all__ = [

@@ -99,12 +99,14 @@ class SandboxPolicy:
 
     limits: Limits = field(default_factory=Limits)
     labels: Mapping[str, str] = field(default_factory=dict)
-    # Host folders a bind mount may come from: the trial's own folder, the prepared copy of
-    # its task (paths of the engine's host, which the fleet keeps equal to its own). Binds
-    # from ``read_only_roots`` (the task's files, shared by every trial of the task) are
-    # mounted read-only: no trial changes what the next one runs.
+    # The folders a task's bind mount may come from, read-only: its own prepared copy, shared
+    # by every trial of the task (paths of the engine's host, which the fleet keeps equal to
+    # its own). No trial writes what another runs, nor sees another task's files.
     mount_roots: tuple[str, ...] = ()
-    read_only_roots: tuple[str, ...] = ()
+    # The fleet's own binds, as (source, target) pairs: Harbor's log folders when the agent
+    # author turned its auto-mounting on, the agent's configured mounts. Only these write to
+    # the host.
+    fleet_mounts: frozenset[tuple[str, str]] = frozenset()
     # Networks with a way out, and the one service that may join them (the fleet's relay).
     open_networks: frozenset[str] = frozenset()
     relay: str | None = None
@@ -291,17 +293,8 @@ def _mount(
     kind = mount.get("type")
     source = str(mount.get("source") or "")
     if kind == "bind":
-        if "volumes" not in policy.allowed and not _within(resolve(source), policy.mount_roots):
-            raise _refuse(
-                task,
-                f"{where}.volumes bind {source}",
-                "bind mounts come only from the trial's own folders",
-            )
-        if set(mount.get("bind") or {}) - {"create_host_path"}:
-            raise _refuse(task, f"{where}.volumes bind {source}", "a plain bind")
-        if _within(resolve(source), policy.read_only_roots):
-            return {**mount, "read_only": True}
-    elif kind == "volume":
+        return _bind(mount, source, where, policy, task, resolve)
+    if kind == "volume":
         if source and source not in volumes:
             raise _refuse(task, f"{where}.volumes {source}", "the trial's own volumes only")
         if set(mount.get("volume") or {}) - {"nocopy"}:
@@ -309,6 +302,31 @@ def _mount(
     elif kind != "tmpfs":
         raise _refuse(task, f"{where}.volumes type {kind}", "binds, volumes and tmpfs only")
     return dict(mount)
+
+
+def _bind(
+    mount: Mapping[str, Any],
+    source: str,
+    where: str,
+    policy: SandboxPolicy,
+    task: str,
+    resolve: Callable[[str], str],
+) -> dict[str, Any]:
+    """The fleet's own binds as they are; a task's, from its own files only, read-only."""
+    resolved = resolve(source)
+    if (resolved, str(mount.get("target"))) in policy.fleet_mounts:
+        if set(mount.get("bind") or {}) - {"create_host_path", "selinux"}:
+            raise _refuse(task, f"{where}.volumes bind {source}", "a plain bind")
+        return dict(mount)
+    if "volumes" in policy.allowed:
+        return dict(mount)
+    if not _within(resolved, policy.mount_roots):
+        raise _refuse(
+            task, f"{where}.volumes bind {source}", "bind mounts come only from the task's files"
+        )
+    if set(mount.get("bind") or {}) - {"create_host_path"}:
+        raise _refuse(task, f"{where}.volumes bind {source}", "a plain bind")
+    return {**mount, "read_only": True, "bind": {"create_host_path": False}}
 
 
 def _build(
@@ -365,7 +383,7 @@ def _registry(image: str) -> str | None:
     """The registry host an image reference names, if any (Docker's rule: a first part with
     a dot or a colon, or ``localhost``)."""
     first, slash, _ = image.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
+    if slash and ("." in first or ":" in first or first.lower() == "localhost"):
         return first.lower()
     return None
 
@@ -381,6 +399,59 @@ def _check_image(image: Any, where: str, policy: SandboxPolicy, task: str) -> No
             f"{where}.image {image}",
             "images from the engine's default registry, or one in ROLLOUT_FLEET_SANDBOX_REGISTRIES",
         )
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """A Dockerfile's instructions (name upper-cased, arguments), continuation lines joined
+    and comments dropped."""
+    found: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        whole = (pending + line).strip()
+        pending = ""
+        if whole:
+            name, _, rest = whole.partition(" ")
+            found.append((name.upper(), rest.strip()))
+    return found
+
+
+def check_dockerfile(text: str, policy: SandboxPolicy, task: str) -> None:
+    """What a task's Dockerfile makes the engine fetch: a build has no network, but the engine
+    itself pulls a ``FROM`` image and an ``ADD`` URL, on its host's network. So a base image
+    names no registry host but the operator's, ``ADD`` takes no URL, and neither takes a
+    variable (a build argument could supply either)."""
+    stages: set[str] = set()
+    for name, rest in _instructions(text):
+        words = [w for w in rest.split() if not w.startswith("--")]
+        flags = [w for w in rest.split() if w.startswith("--")]
+        if name == "FROM" and words:
+            image = words[0]
+            if len(words) >= 3 and words[1].upper() == "AS":
+                stages.add(words[2].lower())
+            if image.lower() in stages or image == "scratch":
+                continue
+            if "$" in image:
+                raise _refuse(task, f"Dockerfile FROM {image}", "an image named as it is")
+            _check_image(image, "Dockerfile FROM", policy, task)
+        if name == "ADD" and any("://" in w or w.startswith("git@") for w in words[:-1]):
+            raise _refuse(task, f"Dockerfile ADD {rest[:80]}", "files of the task, not URLs")
+        for flag in flags:
+            source = flag.split("=", 1)[1] if flag.startswith(("--from=",)) else None
+            if flag.startswith("--mount=") and "from=" in flag:
+                source = flag.split("from=", 1)[1].split(",", 1)[0]
+            if source is None or source.lower() in stages or source.isdigit():
+                continue
+            if "$" in source:
+                raise _refuse(task, f"Dockerfile {name} {flag}", "an image named as it is")
+            _check_image(source, f"Dockerfile {name} {flag}", policy, task)
+        if name == "ONBUILD":
+            raise _refuse(task, "Dockerfile ONBUILD", "instructions run where they are written")
 
 
 def _check_deploy(deploy: Any, where: str, task: str) -> None:
@@ -424,4 +495,11 @@ def disk_cap_mb(limits: Limits, storage_mb: Any) -> int:
     return int(_least(limits.disk_mb, asked))
 
 
-__all__ = ["Limits", "PolicyRefusal", "SandboxPolicy", "confine", "disk_cap_mb"]
+__all__ = [
+    "Limits",
+    "PolicyRefusal",
+    "SandboxPolicy",
+    "check_dockerfile",
+    "confine",
+    "disk_cap_mb",
+]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,26 @@ def _rewards(result: Any) -> tuple[float | None, dict[str, float], bool]:
     return reward, {k: v for k, v in others.items() if v is not None}, ok
 
 
+READ_CAP_BYTES = 64 * 2**20
+
+
+def read_written(path: Path, cap: int = READ_CAP_BYTES) -> str | None:
+    """A file a sandbox wrote, as text: None when it is missing, not a regular file (a link
+    the sandbox made would lead anywhere on this host: it is not followed) or over ``cap``."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(descriptor, "rb") as source:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        data = source.read(cap + 1)
+    if len(data) > cap:
+        logger.warning("%s is over %d bytes; it is not read", path.name, cap)
+        return None
+    return data.decode(errors="replace")
+
+
 def timings(result: Any) -> dict[str, float]:
     """Seconds per phase (and ``trial_sec`` in all) from the trial's own time records."""
     spans = {name: getattr(result, attr, None) for name, attr in PHASES.items()}
@@ -153,10 +175,11 @@ def trajectory_messages(trial_dir: Path) -> list[dict[str, Any]] | None:
     """The agent's trajectory (``agent/trajectory.json``, ATIF) as chat messages; None when
     the agent wrote none (``oracle`` talks to no model) or it is not JSON."""
     path = trial_dir / "agent" / "trajectory.json"
-    if not path.is_file():
+    text = read_written(path)
+    if text is None:
         return None
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(text)
     except (OSError, ValueError):
         logger.warning("%s is not JSON; the rollout keeps no trajectory", path)
         return None
@@ -177,7 +200,8 @@ def usage(result: Any) -> dict[str, float]:
 
 def _stored(path: Path) -> ExecutionResult | None:
     try:
-        return ExecutionResult.model_validate_json(path.read_text())
+        text = read_written(path)
+        return None if text is None else ExecutionResult.model_validate_json(text)
     except (OSError, ValueError):
         return None
 
@@ -191,7 +215,7 @@ def workflow_outcome(
     error = getattr(result, "exception_info", None)
     if ran is None:
         output = trial_dir / "agent" / "workflow-output.txt"
-        said = output.read_text().strip().splitlines()[-1:] if output.is_file() else []
+        said = (read_written(output) or "").strip().splitlines()[-1:]
         reason = (
             harbor_message(error)
             if error is not None

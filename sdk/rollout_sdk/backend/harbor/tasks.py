@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rollout_sdk.backend.harbor.engine import DockerEngine, docker
+from rollout_sdk.backend.harbor.egress import build_relay
+from rollout_sdk.backend.harbor.engine import PROXIED, DockerEngine, docker
 from rollout_sdk.backend.harbor.layer import LayerWheels
+from rollout_sdk.backend.harbor.policy import PolicyRefusal, SandboxPolicy, check_dockerfile
 from rollout_sdk.backend.harbor.workflows import PackingError, SandboxWorkflow, declared
 
 logger = logging.getLogger(__name__)
@@ -196,12 +198,18 @@ class PreparedTasks:
     """Prepared copies of tasks, each naming its image, built at most once per content."""
 
     def __init__(
-        self, root: Path, engine: DockerEngine, build_network: str = "none", fleet: str = ""
+        self,
+        root: Path,
+        engine: DockerEngine,
+        build_network: str = "none",
+        build_hosts: frozenset[str] = frozenset(),
+        registries: frozenset[str] = frozenset(),
     ) -> None:
         self.root = root
         self.engine = engine
         self.build_network = build_network  # none: a task's RUN reaches nothing
-        self.fleet = fleet
+        self.build_hosts = build_hosts  # beside the internet, for a proxied build
+        self.registries = registries  # a base image may name these registry hosts
         self.layers = LayerWheels(root.parent / "layers")
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -231,6 +239,9 @@ class PreparedTasks:
         async with self._locks.setdefault(key, asyncio.Lock()):
             if not (copy / "task.toml").is_file():
                 await asyncio.to_thread(_copy_naming_image, task, copy, image, grading, instruction)
+            # Checked at every rollout, not only when the copy was made: a copy kept from a
+            # fleet before a rule was added is held to it too.
+            await asyncio.to_thread(_check_task, task, self.registries)
             if not await self.engine.image_exists(tag):
                 await self._build(task, tag)
             if layer is not None and not await self.engine.image_exists(image):
@@ -286,8 +297,15 @@ class PreparedTasks:
         environment = task / "environment"
         started = asyncio.get_running_loop().time()
         if (environment / "Dockerfile").is_file():
+            proxy = None
+            if self.build_network == PROXIED:
+                proxy = (await build_relay(self.engine), self.build_hosts)
             await self.engine.build(
-                environment, tag, network=self.build_network, labels=self._labels(task)
+                environment,
+                tag,
+                network=self.build_network,
+                labels=self._labels(task),
+                proxy=proxy,
             )
         elif configured:
             await docker("tag", str(configured), tag)
@@ -304,6 +322,21 @@ def _drop_links_out(folder: Path) -> None:
     for path in list(folder.rglob("*")):
         if path.is_symlink() and not path.resolve().is_relative_to(root):
             path.unlink()
+
+
+def _check_task(task: Path, registries: frozenset[str]) -> None:
+    """What a task declares that would reach out of its box: ``${VAR}`` in its ``task.toml``
+    (the worker's environment), a base image or ``ADD`` URL its Dockerfile has the engine
+    fetch."""
+    _refuse_host_values(_task_config(task), task.name)
+    dockerfile = task / "environment" / "Dockerfile"
+    if dockerfile.is_file():
+        with dockerfile.open("rb") as source:
+            text = source.read(2**20).decode(errors="replace")
+        try:
+            check_dockerfile(text, SandboxPolicy(registries=registries), task.name)
+        except PolicyRefusal as exc:
+            raise TaskError(str(exc)) from None
 
 
 def _refuse_host_values(value: Any, task: str, where: str = "task.toml") -> None:
