@@ -88,7 +88,7 @@ def test_metrics_count_what_happened(start_fleet: StartFleet) -> None:
         finished = "rollout_fleet_rollouts_finished_total"
         # a worker counts a rollout just after its result is stored, which a poll may see first
         wait_until(
-            lambda: value(worker_samples(handle), finished) >= ADMITTED, 10, "every finish counted"
+            lambda: value(worker_samples(handle), finished) >= ADMITTED, 30, "every finish counted"
         )
         workers = worker_samples(handle)
         assert value(workers, finished, protocol="v2", status="success") == ADMITTED
