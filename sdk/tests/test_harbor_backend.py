@@ -23,7 +23,13 @@ from rollout_sdk.backend.harbor.engine import DockerEngine
 from rollout_sdk.backend.harbor.relay import serve
 from rollout_sdk.backend.harbor.results import messages_of
 from rollout_sdk.backend.harbor.sandbox import SandboxOwner
-from rollout_sdk.backend.harbor.tasks import PreparedTasks, TaskError, TaskSources, task_folder
+from rollout_sdk.backend.harbor.tasks import (
+    PreparedTasks,
+    TaskError,
+    TaskSources,
+    content_hash,
+    task_folder,
+)
 from rollout_sdk.backend.sandboxed import SandboxSettings
 from rollout_sdk.loader import AgentLoadError, load_agent
 
@@ -359,3 +365,16 @@ def test_a_task_path_must_lie_under_tasks_dir_or_a_task_root_links_followed(
             task_folder(tasks, TaskMode.DATASET, {"harbor_task": reference})
     rooted = TaskSources(roots=(tmp_path / "elsewhere",))
     assert task_folder(tasks, TaskMode.DATASET, {"harbor_task": str(outside)}, rooted) == outside
+
+
+def test_a_task_is_hashed_in_chunks_its_links_as_links_and_within_a_cap(tmp_path: Path) -> None:
+    task = a_task(tmp_path / "task")
+    outside = tmp_path / "big.bin"
+    outside.write_bytes(b"x" * 4096)
+    (task / "link").symlink_to(outside)
+    before = content_hash(task)
+    outside.write_bytes(b"y" * 4096)  # a link is hashed as its target's name, never read
+    assert content_hash(task) == before
+    (task / "data.bin").write_bytes(b"z" * 3000)
+    with pytest.raises(TaskError, match="holds more than"):
+        content_hash(task, cap=2048)
