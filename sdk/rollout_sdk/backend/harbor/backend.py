@@ -14,7 +14,6 @@ construction with what to do instead.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -574,7 +573,7 @@ class HarborBackend(ExecutionBackend):
             memory_mb=settings.memory_mb,
             pids=settings.pids,
             cpus=settings.cpus,
-            disk_mb=disk_cap_mb(Limits(disk_mb=settings.disk_mb), storage),
+            disk_mb=disk_cap_mb(settings.disk_mb, storage),
             output_mb=settings.output_mb,
         )
 
@@ -592,25 +591,30 @@ class HarborBackend(ExecutionBackend):
         trial = asyncio.ensure_future(on_harbor_loop(run()))
         cap = limits.disk_mb * 2**20
         label = f"{EXECUTION_LABEL}={owner.execution}"
-        while not trial.done():
-            await asyncio.wait({trial}, timeout=DISK_CHECK_SECONDS)
-            if trial.done():
-                break
-            try:
-                written = await self.engine.disk_written(label)
-            except EngineError:
-                continue
-            if written > cap:
-                refused.append(
-                    f"its containers wrote {written // 2**20} MB to their disk, over the "
-                    f"{limits.disk_mb} MB cap (ROLLOUT_FLEET_SANDBOX_DISK_MB, or the task's "
-                    "storage_mb if lower)"
-                )
+        try:
+            while not trial.done():
+                await asyncio.wait({trial}, timeout=DISK_CHECK_SECONDS)
+                if trial.done():
+                    break
+                try:
+                    written = await self.engine.disk_written(label)
+                except EngineError:
+                    continue
+                if written > cap:
+                    refused.append(
+                        f"its containers wrote {written // 2**20} MB to their disk, over the "
+                        f"{limits.disk_mb} MB cap (ROLLOUT_FLEET_SANDBOX_DISK_MB, or the "
+                        "task's storage_mb if lower)"
+                    )
+                    return None
+            return trial.result()
+        finally:
+            # Past the cap, or this rollout cancelled (a cancel, a lost lease): the trial on
+            # Harbor's loop is cancelled too, and its own clean-up awaited, before the
+            # sandbox is removed; else Harbor could go on creating what was just removed.
+            if not trial.done():
                 trial.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await trial
-                return None
-        return trial.result()
+                await asyncio.wait({trial})
 
 
 def _task_storage_mb(task: Path) -> Any:

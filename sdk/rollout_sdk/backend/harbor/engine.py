@@ -121,6 +121,7 @@ class SandboxEngine(Protocol):
         labels: Mapping[str, str],
         proxy: tuple[str, frozenset[str]] | None = None,
     ) -> None: ...
+    async def tag(self, image: str, tag: str) -> None: ...
     async def image_exists(self, tag: str) -> bool: ...
     async def copy_out(
         self, container: str, path: str, target: Path, budget: CopyBudget, *, single: bool
@@ -276,6 +277,10 @@ class DockerEngine:
             await docker(*args, seconds=seconds, env=env)
         except EngineError as exc:
             raise BuildFailed(str(exc).removeprefix("docker build failed: ")) from None
+
+    async def tag(self, image: str, tag: str) -> None:
+        """Name ``image`` (one the engine holds) ``tag`` as well."""
+        await docker("tag", image, tag)
 
     async def image_exists(self, tag: str) -> bool:
         try:

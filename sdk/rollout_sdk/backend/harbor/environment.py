@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import posixpath
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, override
@@ -118,6 +119,10 @@ class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
     def __init__(self, *args: Any, fleet_policy: dict[str, Any], **kwargs: Any) -> None:
         self._fleet_policy = _policy(fleet_policy)
         self._confined_path: Path | None = None
+        # The rendered model holds the environment Harbor gives the sandbox (the agent
+        # author's keys among it): kept in a folder of its own, never in the trial's folder,
+        # which a failed trial leaves on the worker's disk.
+        self._confined_dir: tempfile.TemporaryDirectory[str] | None = None
         self._engine = DockerEngine()
         output = self._fleet_policy.limits.output_mb * 2**20
         self._budget = CopyBudget(remaining=output, total=output, small_files=SMALL_FILES)
@@ -157,7 +162,12 @@ class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
             except PolicyRefusal as exc:
                 _note(str(exc))
                 raise
-        rendered = self.trial_paths.trial_dir / f"{self.session_id}.compose.rendered.json"
+        if self._confined_dir is None:
+            self._confined_dir = await asyncio.to_thread(
+                tempfile.TemporaryDirectory, prefix="rollout-sandbox-compose-"
+            )
+        folder = Path(self._confined_dir.name)
+        rendered = folder / "rendered.json"
         await super()._run_docker_compose_command(
             ["config", "--format", "json", "--output", str(rendered)]
         )
@@ -175,9 +185,19 @@ class ConfinedDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
             raise
         finally:
             rendered.unlink(missing_ok=True)
-        path = self.trial_paths.trial_dir / f"{self.session_id}.compose.json"
+        path = folder / "compose.json"
         await asyncio.to_thread(path.write_text, json.dumps(confined))
         self._confined_path = path
+
+    @override
+    async def stop(self, delete: bool) -> None:
+        try:
+            await super().stop(delete)
+        finally:
+            if self._confined_dir is not None:
+                await asyncio.to_thread(self._confined_dir.cleanup)
+                self._confined_dir = None
+                self._confined_path = None
 
     @override
     def _validate_daemon_mode(self) -> None:

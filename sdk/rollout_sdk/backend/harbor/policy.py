@@ -489,10 +489,9 @@ def _limit(service: dict[str, Any], limits: Limits) -> None:
         service["shm_size"] = str(int(memory))
 
 
-def disk_cap_mb(limits: Limits, storage_mb: Any) -> int:
+def disk_cap_mb(ceiling_mb: int, storage_mb: Any) -> int:
     """The disk one trial's containers may write: the fleet's, or the task's if smaller."""
-    asked = _number(storage_mb)
-    return int(_least(limits.disk_mb, asked))
+    return int(_least(ceiling_mb, _number(storage_mb)))
 
 
 __all__ = [

@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rollout_sdk.backend.harbor.egress import build_relay
-from rollout_sdk.backend.harbor.engine import PROXIED, DockerEngine, docker
+from rollout_sdk.backend.harbor.engine import PROXIED, DockerEngine
 from rollout_sdk.backend.harbor.layer import LayerWheels
 from rollout_sdk.backend.harbor.policy import PolicyRefusal, SandboxPolicy, check_dockerfile
 from rollout_sdk.backend.harbor.workflows import PackingError, SandboxWorkflow, declared
@@ -308,7 +308,7 @@ class PreparedTasks:
                 proxy=proxy,
             )
         elif configured:
-            await docker("tag", str(configured), tag)
+            await self.engine.tag(str(configured), tag)
         else:
             raise TaskError(f"{task} has neither environment/Dockerfile nor a docker_image")
         took = asyncio.get_running_loop().time() - started
