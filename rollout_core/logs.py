@@ -18,6 +18,7 @@ from contextvars import ContextVar, Token
 from typing import Any, Literal
 
 from rollout_core.secrets import HiddenSecretsFilter
+from rollout_sdk.core.foreign import describe, format_exception, scrub
 
 LogFormat = Literal["text", "json"]
 
@@ -46,6 +47,33 @@ def begin(rollout_id: str) -> Token[str | None]:
 
 def end(token: Token[str | None]) -> None:
     _rollout.reset(token)
+
+
+class ForeignBytesFilter(logging.Filter):
+    """A record never shows bytes another service sent (``rollout_sdk.core.foreign``): an
+    exception among its arguments is shown as :func:`describe` tells it, its traceback as
+    :func:`format_exception` prints it, and its message loses any foreign exception's text it
+    quotes. On a handler, before :class:`HiddenSecretsFilter`, so it sees every logger's
+    lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, BaseException):
+            record.msg = describe(record.msg)
+        if isinstance(record.args, tuple) and any(
+            isinstance(arg, BaseException) for arg in record.args
+        ):
+            record.args = tuple(
+                describe(arg) if isinstance(arg, BaseException) else arg for arg in record.args
+            )
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            message = record.getMessage()
+            shown = scrub(message, error)
+            if shown != message:
+                record.msg, record.args = shown, None
+            record.exc_text = format_exception(error).rstrip("\n")
+            record.exc_info = None
+        return True
 
 
 class RolloutIdFilter(logging.Filter):
@@ -99,6 +127,7 @@ def log_config(level: str, log_format: LogFormat) -> dict[str, Any]:
         "disable_existing_loggers": False,
         "filters": {
             "rollout_id": {"()": RolloutIdFilter},
+            "foreign_bytes": {"()": ForeignBytesFilter},
             "hidden_secrets": {"()": HiddenSecretsFilter},
         },
         "formatters": {"fleet": formatter},
@@ -106,7 +135,7 @@ def log_config(level: str, log_format: LogFormat) -> dict[str, Any]:
             "stderr": {
                 "class": "logging.StreamHandler",
                 "formatter": "fleet",
-                "filters": ["rollout_id", "hidden_secrets"],
+                "filters": ["rollout_id", "foreign_bytes", "hidden_secrets"],
                 "stream": "ext://sys.stderr",
             }
         },
@@ -127,6 +156,7 @@ def configure(level: str, log_format: LogFormat) -> None:
 
 
 __all__ = [
+    "ForeignBytesFilter",
     "LogFormat",
     "RolloutIdFilter",
     "TextFormatter",

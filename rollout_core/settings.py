@@ -219,6 +219,13 @@ class FleetSettings(BaseSettings):
         description="Workers append each finished rollout's trajectory (the export line of "
         "`rollout-fleet export`) to <dir>/<worker>.jsonl as it finishes; unset: none.",
     )
+    result_max_mb: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="What one rollout's stored result (messages, trajectory, token ids) may "
+        "take in Redis; a larger one ends the rollout as a failure naming this setting.",
+    )
     token_ids: bool = Field(
         True,
         description="v2: workers ask the TrainGate for each chat call's token ids and logprobs "

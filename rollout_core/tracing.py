@@ -19,6 +19,7 @@ from typing import Any
 
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.schema import TRACE_FIELDS, RecordField
+from rollout_sdk.core.foreign import is_foreign_type
 
 EXECUTION_SPAN = "rollout.execute"
 
@@ -30,7 +31,6 @@ def setup(service_name: str, app: Any | None = None) -> None:
     worker nothing (its execution spans are made by :func:`execution`)."""
     global _enabled  # noqa: PLW0603 - one tracer provider per process
     from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
     from opentelemetry.instrumentation.redis import RedisInstrumentor
     from opentelemetry.sdk.resources import Resource
@@ -39,7 +39,7 @@ def setup(service_name: str, app: Any | None = None) -> None:
 
     name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(_exporter_showing_no_foreign_bytes()))
     trace.set_tracer_provider(provider)
     HTTPXClientInstrumentor().instrument()
     RedisInstrumentor().instrument()
@@ -48,6 +48,72 @@ def setup(service_name: str, app: Any | None = None) -> None:
 
         FastAPIInstrumentor.instrument_app(app)
     _enabled = True
+
+
+def _exporter_showing_no_foreign_bytes() -> Any:
+    """The OTLP exporter, behind one that keeps other services' bytes out of spans
+    (``rollout_sdk.core.foreign``): an exception event of a foreign type says its type only,
+    a span's error status likewise, and no event carries a stack trace (one quotes every
+    exception of its chain; the logs keep tracebacks, told safely)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.trace import Status
+
+    def foreign(qualified: object) -> bool:
+        module, _, name = str(qualified).rpartition(".")
+        return is_foreign_type(module, name)
+
+    def event(shown: Event) -> Event:
+        if shown.name != "exception" or not shown.attributes:
+            return shown
+        attributes = dict(shown.attributes)
+        attributes.pop("exception.stacktrace", None)
+        kind = attributes.get("exception.type", "")
+        if foreign(kind):
+            attributes["exception.message"] = str(kind).rpartition(".")[2]
+        return Event(shown.name, attributes, shown.timestamp)
+
+    def status(span: ReadableSpan) -> Status:
+        text = span.status.description or ""
+        kind, colon, _ = text.partition(": ")
+        types = [e.attributes.get("exception.type", "") for e in span.events if e.attributes]
+        if colon and any(str(t).rpartition(".")[2] == kind and foreign(t) for t in types):
+            return Status(span.status.status_code, kind)
+        return span.status
+
+    def shown(span: ReadableSpan) -> ReadableSpan:
+        if not any(e.name == "exception" for e in span.events):
+            return span
+        return ReadableSpan(
+            name=span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=span.resource,
+            attributes=span.attributes,
+            events=[event(e) for e in span.events],
+            links=span.links,
+            kind=span.kind,
+            status=status(span),
+            start_time=span.start_time,
+            end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+
+    class Shown(SpanExporter):
+        def __init__(self) -> None:
+            self._inner = OTLPSpanExporter()
+
+        def export(self, spans: Any) -> SpanExportResult:
+            return self._inner.export([shown(span) for span in spans])
+
+        def shutdown(self) -> None:
+            self._inner.shutdown()  # type: ignore[no-untyped-call]
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return self._inner.force_flush(timeout_millis)
+
+    return Shown()
 
 
 def shutdown() -> None:

@@ -34,10 +34,12 @@ from rollout_sdk.core.exceptions import (
     OsmosisValidationError,
     RefusedDestinationError,
 )
+from rollout_sdk.core.foreign import describe
 from rollout_sdk.core.schemas import RolloutRequest, RolloutResponse, RolloutStatus
 from rollout_sdk.runner import error_response
 from rollout_worker import metrics
 from rollout_worker.execution import CANCELLED, Lease
+from rollout_worker.result_budget import ResultBudget
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +115,11 @@ class Callback:
 class CallbackDelivery:
     """Stores a rollout's completion body and posts it, for the v1 carrier."""
 
-    def __init__(self, client_for: Callable[[Callback], OsmosisLLMClient]) -> None:
+    def __init__(
+        self, client_for: Callable[[Callback], OsmosisLLMClient], budget: ResultBudget
+    ) -> None:
         self._client_for = client_for
+        self._budget = budget
 
     async def store_and_post(
         self,
@@ -125,12 +130,20 @@ class CallbackDelivery:
         turns: list[Turn] | None = None,
     ) -> Status | None:
         """Store the completion body, then post it. If the rollout's cancellation was requested
-        meanwhile, the cancelled response is stored and posted instead (never a success)."""
-        fields = {RecordField.TURNS: json.dumps(turns or [])}
+        meanwhile, the cancelled response is stored and posted instead (never a success). A
+        result over the budget is stored and posted as the failure that says so."""
+        turns_json = json.dumps(turns or [])
+        wire = response.wire_json()
+        if (over := self._budget.over(wire, turns_json)) is not None:
+            logger.warning("rollout %s: %s", to.rollout_id, over)
+            failed = error_response(to.rollout_id, over)
+            response = failed.model_copy(update={"metrics": response.metrics})
+            wire, turns_json = response.wire_json(), "[]"
+        fields = {RecordField.TURNS: turns_json}
         cancelled = error_response(to.rollout_id, CANCELLED)
         advanced = await lease.advance(
             Status.DELIVERING,
-            result=response.wire_json(),
+            result=wire,
             cancelled_result=cancelled.wire_json(),
             fields=fields,
         )
@@ -221,7 +234,7 @@ class CallbackDelivery:
         except (_LeaseLost, StoreError):
             raise  # not the callback's failure: Redis could not confirm the lease (it passes)
         except Exception as exc:  # every failure counts once: the rollout ends, saying why
-            reason = redact(str(exc), to.api_key)
+            reason = redact(describe(exc), to.api_key)
             logger.warning(
                 "rollout %s: completion callback not delivered: %s", to.rollout_id, reason
             )

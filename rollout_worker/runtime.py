@@ -47,6 +47,7 @@ from rollout_worker.deadline import ExitDeadline
 from rollout_worker.execution import Carrier, Executor
 from rollout_worker.intake import TAKE_WAIT_SECONDS, Intake
 from rollout_worker.loop import LoopThread
+from rollout_worker.result_budget import ResultBudget
 from rollout_worker.sandboxes import SandboxJanitor
 from rollout_worker.slots import Slots
 from rollout_worker.sweeper import Sweeper
@@ -89,6 +90,7 @@ def _carriers(
             settings.record_ttl,
             settings.max_rollout_seconds,
             settings.debug_dir,
+            ResultBudget.of_mb(settings.result_max_mb),
         ),
         v2.V2Carrier(
             bundle,
@@ -98,6 +100,7 @@ def _carriers(
             settings.token_ids,
             ownership,
             fleet=fleet,
+            budget=ResultBudget.of_mb(settings.result_max_mb),
         ),
     ]
     return carriers, carriers[0].protocol if loop is not None else carriers[1].protocol

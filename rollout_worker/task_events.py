@@ -24,6 +24,7 @@ from celery import Celery, bootsteps
 from celery.worker.consumer.events import Events
 
 from rollout_core.queue.envelope import TASK_NAME, QueuedMessage
+from rollout_sdk.core.foreign import describe
 
 FLUSH_SECONDS = 0.25
 # A burst between two flushes is sent early (by the consumer's thread, as it hands events on).
@@ -58,7 +59,12 @@ class TaskEventOutbox:
         self._put("task-succeeded", task_id, result=repr(outcome), runtime=runtime)
 
     def failed(self, task_id: str, error: BaseException) -> None:
-        self._put("task-failed", task_id, exception=repr(error), traceback="")
+        self._put(
+            "task-failed",
+            task_id,
+            exception=f"{type(error).__name__}({describe(error)!r})",
+            traceback="",
+        )
 
     def revoked(self, task_id: str) -> None:
         self._put("task-revoked", task_id, terminated=False, signum=None, expired=False)

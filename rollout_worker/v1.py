@@ -41,6 +41,7 @@ from rollout_worker.delivery import (
     terminal_status,
 )
 from rollout_worker.execution import CANCELLED, Lease, Refusal, time_limit_message
+from rollout_worker.result_budget import ResultBudget
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class V1Carrier:
         sdk_settings: RolloutSettings,
         retention_seconds: float,
         time_limit: float,
-        debug_dir: str | None = None,
+        debug_dir: str | None,
+        budget: ResultBudget,
     ) -> None:
         self.retention_seconds = retention_seconds
         self._time_limit = time_limit  # seconds on this worker; 0: none
@@ -91,7 +93,7 @@ class V1Carrier:
         self._box = box
         self._sdk_settings = sdk_settings
         self._debug_dir = debug_dir
-        self._delivery = CallbackDelivery(self._client)
+        self._delivery = CallbackDelivery(self._client, budget)
 
     def _client(self, to: Callback) -> OsmosisLLMClient:
         return OsmosisLLMClient(

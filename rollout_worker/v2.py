@@ -28,6 +28,7 @@ from rollout_sdk.backend.execution import WorkflowBundle, execute_rollout
 from rollout_sdk.backend.harbor.sandbox import SandboxOwner, current_owner
 from rollout_sdk.client import Turn, TurnRecorder, recording_turns
 from rollout_sdk.context import RolloutContext, RolloutProgress
+from rollout_sdk.core.foreign import describe
 from rollout_sdk.server.ownership import Fields, OwnershipLog
 from rollout_sdk.types import (
     ExecutionOutcome,
@@ -42,6 +43,7 @@ from rollout_sdk.types import (
 )
 from rollout_worker import metrics
 from rollout_worker.execution import Lease, Refusal, time_limit_message
+from rollout_worker.result_budget import ResultBudget
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +101,15 @@ class V2Carrier:
         box: SecretBox,
         retention_seconds: float,
         time_limit: float,
-        token_ids: bool = True,
-        ownership: OwnershipLog | None = None,
-        fleet: str = "",
+        token_ids: bool,
+        ownership: OwnershipLog,
+        *,
+        fleet: str,
+        budget: ResultBudget,
     ) -> None:
+        self._budget = budget
         self.retention_seconds = retention_seconds
-        self._ownership = ownership or OwnershipLog()
+        self._ownership = ownership
         # A backend (HarborBackend) runs each rollout its own way and limits itself.
         self._backend = agent if isinstance(agent, ExecutionBackend) else None
         self._bundle = agent if isinstance(agent, WorkflowBundle) else None
@@ -210,7 +215,7 @@ class V2Carrier:
                 logger.exception(
                     "rollout %s: execution crashed outside user code", request.rollout_id
                 )
-                return failure_result(request.rollout_id, str(exc) or "rollout task crashed"), ""
+                return failure_result(request.rollout_id, describe(exc)), ""
         sample = outcome.result.sample
         trajectory = list(sample.trajectory_messages or []) if sample is not None else []
         differs = sample is not None and trajectory != list(sample.messages)
@@ -240,15 +245,21 @@ class V2Carrier:
         trajectory: str = "",
         turns: list[Turn] | None = None,
     ) -> Status | None:
+        wire = result.wire_json()
+        turns_json = json.dumps(turns) if turns else ""
+        if (over := self._budget.over(wire, trajectory, turns_json)) is not None:
+            logger.warning("rollout %s: %s", result.rollout_id, over)
+            result = failure_result(result.rollout_id, over, RolloutErrorCategory.VALIDATION_ERROR)
+            wire, trajectory, turns_json = result.wire_json(), "", ""
         status = Status(result.status.value)
         fields = {RecordField.TRAJECTORY: trajectory} if trajectory else {}
-        if turns:
-            fields[RecordField.TURNS] = json.dumps(turns)
+        if turns_json:
+            fields[RecordField.TURNS] = turns_json
         # A success that comes after a cancel request is stored as cancelled (PROTOCOL.md §2.5).
         cancelled = cancelled_result(result.rollout_id)
         advanced = await lease.advance(
             status,
-            result=result.wire_json(),
+            result=wire,
             cancelled_result=cancelled.wire_json(),
             fields=fields,
         )

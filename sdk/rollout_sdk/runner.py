@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext, RolloutResult
+from rollout_sdk.core.foreign import describe
 from rollout_sdk.core.schemas import (
     InitResponse,
     RolloutRequest,
@@ -84,7 +85,7 @@ def _to_response(rollout_id: str, result: Any, ctx: RolloutContext) -> RolloutRe
             metrics=result.metrics or ctx.metrics(),
         )
     except ValidationError as exc:
-        return error_response(rollout_id, f"run() returned an invalid result: {exc}", ctx)
+        return error_response(rollout_id, f"run() returned an invalid result: {describe(exc)}", ctx)
 
 
 async def run_agent_loop(agent_loop: RolloutAgentLoop, ctx: RolloutContext) -> RolloutResponse:
@@ -94,7 +95,7 @@ async def run_agent_loop(agent_loop: RolloutAgentLoop, ctx: RolloutContext) -> R
         result = await agent_loop.run(ctx)
     except Exception as exc:
         logger.info("rollout %s: run() raised %s", rollout_id, type(exc).__name__, exc_info=True)
-        return error_response(rollout_id, str(exc) or type(exc).__name__, ctx)
+        return error_response(rollout_id, describe(exc), ctx)
     return _to_response(rollout_id, result, ctx)
 
 

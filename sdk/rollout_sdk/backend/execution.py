@@ -18,8 +18,8 @@ from typing import Any
 from rollout_sdk.agent_workflow import AgentWorkflow
 from rollout_sdk.backend.artifacts import artifacts_dir
 from rollout_sdk.backend.errors import categorize_exception
-from rollout_sdk.client.destinations import RefusedDestination
 from rollout_sdk.context import AgentWorkflowContext, GraderContext, RolloutContext
+from rollout_sdk.core.foreign import describe
 from rollout_sdk.grader import Grader
 from rollout_sdk.types.config import AgentWorkflowConfig, GraderConfig
 from rollout_sdk.types.output import UnsupportedOutputError, coerce_output
@@ -65,19 +65,6 @@ def _deadline_message(phase: str, limit: float | None, queued_sec: float = 0.0) 
     return message
 
 
-def _refusal(exc: BaseException) -> str | None:
-    """The destination policy's refusal behind ``exc``, however wrapped (the OpenAI client
-    says only "Connection error.")."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, RefusedDestination):
-            return str(cause)
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
-
-
 def _failure(
     exc: BaseException,
     deadline: asyncio.Timeout,
@@ -87,10 +74,8 @@ def _failure(
     sample: RolloutSample | None = None,
 ) -> ExecutionResult:
     # A user-raised TimeoutError keeps its own message; ours names the deadline that fired.
-    if deadline.expired():
-        message = _deadline_message(phase, limit, queued_sec)
-    else:
-        message = _refusal(exc) or str(exc)
+    expired = deadline.expired()
+    message = _deadline_message(phase, limit, queued_sec) if expired else describe(exc)
     return ExecutionResult(
         status=RolloutStatus.FAILURE,
         sample=sample,

@@ -52,7 +52,9 @@ _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 class RefusedDestination(httpcore.ConnectError):
     """A connection the policy refuses; httpx raises it as an ``httpx.ConnectError`` whose
-    ``__cause__`` is this."""
+    ``__cause__`` is this. Its text is the SDK's own (``rollout_sdk.core.foreign``)."""
+
+    own_words = True
 
 
 def _inet_aton_part(part: str) -> int | None:

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from rollout_sdk.client.capped import MIB, AnswerRefused, CappedTransport
 from rollout_sdk.client.destinations import RefusedDestination, checked_transport
 from rollout_sdk.client.turns import Turn, TurnCapture, make_turn
 from rollout_sdk.config import RolloutSettings, get_settings
@@ -32,6 +33,7 @@ from rollout_sdk.core.exceptions import (
     OsmosisValidationError,
     RefusedDestinationError,
 )
+from rollout_sdk.core.foreign import answered, describe
 from rollout_sdk.core.schemas import (
     CompletionsRequest,
     CompletionsResponse,
@@ -44,6 +46,9 @@ from rollout_sdk.core.schemas import (
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 10.0
+# An answer larger than this is parsed in a thread: parsing it would hold the event loop (and
+# every rollout on it) for milliseconds.
+PARSE_IN_THREAD_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -70,16 +75,6 @@ class CompletionsResult:
         return self.message.get("content")
 
 
-def answered(response: httpx.Response) -> str:
-    """What a failed answer from a trainer-chosen URL may say: the request and the status with
-    its standard reason phrase (``POST http://host/v1/chat/completions returned 404 Not
-    Found``). Never the body, nor the server's own phrase: the URL may aim at a service the
-    trainer could not otherwise read, and errors are stored and returned."""
-    request = response.request
-    reason = httpx.codes.get_reason_phrase(response.status_code) or "(unknown status)"
-    return f"{request.method} {request.url} returned {response.status_code} {reason}"
-
-
 def _unusable(exc: ValidationError | IndexError) -> str:
     """Why a 200 answer is not a chat completion, without the values it carried."""
     if isinstance(exc, IndexError):
@@ -88,6 +83,29 @@ def _unusable(exc: ValidationError | IndexError) -> str:
     shown = [f"{'.'.join(map(str, p['loc'])) or 'body'}: {p['msg']}" for p in problems[:3]]
     more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
     return "; ".join(shown) + more
+
+
+# What is read of an answer whose status alone counts (a completion callback's) before its
+# connection is dropped instead of kept for the next request.
+DRAIN_BYTES = 64 * 1024
+
+
+async def _drain(response: httpx.Response) -> None:
+    """Read and drop an unneeded body: a small one to its end, so its connection is reused
+    (a body that breaks or stalls fails the attempt, as before it was read whole); past
+    :data:`DRAIN_BYTES` the rest is not read and the connection is closed."""
+    if response.is_stream_consumed:  # read already (a test client's answer)
+        return
+    try:
+        read = 0
+        async for chunk in response.aiter_raw():
+            read += len(chunk)
+            if read > DRAIN_BYTES:
+                break
+    except AnswerRefused:
+        pass  # its status is what counts; the rest is not read
+    finally:
+        await response.aclose()
 
 
 def _is_200(status: int) -> bool:
@@ -162,7 +180,11 @@ def new_http_client(
         max_keepalive_connections=client_settings.max_keepalive_connections,
     )
     tls = tls or httpx.create_ssl_context()
-    transport = checked_transport(client_settings.refused_networks, limits, tls)
+    transport = CappedTransport(
+        checked_transport(client_settings.refused_networks, limits, tls),
+        client_settings.max_answer_mb * MIB,
+        client_settings.answers_in_flight_mb * MIB,
+    )
     return httpx.AsyncClient(
         transport=_ObservedTransport(transport),
         timeout=httpx.Timeout(client_settings.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS),
@@ -300,7 +322,12 @@ class OsmosisLLMClient:
             is_success=_is_200,
         )
         try:
-            parsed = CompletionsResponse.model_validate_json(response.content)
+            if len(response.content) > PARSE_IN_THREAD_BYTES:
+                parsed = await asyncio.to_thread(
+                    CompletionsResponse.model_validate_json, response.content
+                )
+            else:
+                parsed = CompletionsResponse.model_validate_json(response.content)
             choice = parsed.choices[0]
         except (ValidationError, IndexError) as exc:
             raise OsmosisValidationError(
@@ -379,6 +406,7 @@ class OsmosisLLMClient:
             is_success=_is_2xx,
             headers=extra,
             before_send=before_send,
+            read_answer=False,
         )
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -404,8 +432,10 @@ class OsmosisLLMClient:
         is_success: Callable[[int], bool],
         headers: dict[str, str] | None = None,
         before_send: Callable[[], Awaitable[None]] | None = None,
+        read_answer: bool = True,
     ) -> httpx.Response:
-        """POST with the spec's retry policy: retry 5xx, timeouts and transport errors."""
+        """POST with the spec's retry policy: retry 5xx, timeouts and transport errors. Without
+        ``read_answer`` only the status counts: the body is drained, at most 64 KiB of it."""
         url = self.server_url + path
         timeout = httpx.Timeout(self.timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS)
         extensions: dict[str, Any] = {}
@@ -420,19 +450,28 @@ class OsmosisLLMClient:
                 # a byte at a time would hold the attempt for ever. The attempt as a whole
                 # gets the connect time plus the timeout.
                 async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS + self.timeout_seconds):
-                    response = await self._client().post(
+                    request = self._client().build_request(
+                        "POST",
                         url,
                         content=body,
                         headers=self._headers(headers),
                         timeout=timeout,
                         extensions={**extensions, ATTEMPT_EXTENSION: attempt},
                     )
+                    response = await self._client().send(request, stream=not read_answer)
+                    if not read_answer:
+                        await _drain(response)
             except (httpx.TimeoutException, TimeoutError) as exc:
-                last_error = OsmosisTimeoutError(f"POST {url} timed out: {exc!r}")
+                last_error = OsmosisTimeoutError(f"POST {url} timed out ({type(exc).__name__})")
+            except AnswerRefused as exc:  # the SDK's own words: an answer over its cap
+                if not exc.retryable:
+                    raise OsmosisValidationError(str(exc), exc.status_code) from None
+                last_error = OsmosisTransportError(str(exc))
             except httpx.TransportError as exc:
                 if isinstance(exc.__cause__, RefusedDestination):  # it will not change
                     raise RefusedDestinationError(str(exc)) from None
-                last_error = OsmosisTransportError(f"POST {url} failed: {exc!r}")
+                # What the transport says may quote the server's bytes: never kept.
+                last_error = OsmosisTransportError(describe(exc))
             else:
                 if is_success(response.status_code):
                     return response

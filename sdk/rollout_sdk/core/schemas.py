@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from rollout_sdk.config import DEFAULT_MAX_METADATA_SIZE_BYTES, get_settings
+from rollout_sdk.core.answers import message_problem
 from rollout_sdk.utils import ensure_bearer_token, normalize_stop
 
 MessageDict = dict[str, Any]
@@ -256,6 +257,14 @@ class CompletionsChoice(BaseModel):
     index: int = 0
     message: MessageDict
     finish_reason: str | None = None
+
+    @field_validator("message")
+    @classmethod
+    def _assistant_message(cls, message: MessageDict) -> MessageDict:
+        """The OpenAI shape (``rollout_sdk.core.answers``); the dict itself is kept."""
+        if (problem := message_problem(message)) is not None:
+            raise ValueError(problem)
+        return message
 
 
 class CompletionsResponse(BaseModel):

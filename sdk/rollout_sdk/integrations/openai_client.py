@@ -26,9 +26,11 @@ import openai.resources  # noqa: F401
 from openai import APIStatusError, AsyncOpenAI
 
 from rollout_sdk.client.headers import llm_call_headers
-from rollout_sdk.client.traingate import answered, new_http_client
+from rollout_sdk.client.traingate import new_http_client
 from rollout_sdk.config import get_settings
 from rollout_sdk.context import RolloutContext
+from rollout_sdk.core.answers import check_chunk, check_completion
+from rollout_sdk.core.foreign import answered
 
 ROLLOUT_MODEL_NAME = "osmosis-rollout"  # a placeholder: the TrainGate serves its policy
 
@@ -58,6 +60,18 @@ class TrainGateOpenAI(AsyncOpenAI):
 
     def _validate_headers(self, headers: Any, custom_headers: Any) -> None:
         return None  # openai insists on an Authorization header; a keyless TrainGate does not
+
+    def _process_response_data(
+        self, *, data: object, cast_to: type[Any], response: httpx.Response
+    ) -> Any:
+        """A chat answer (whole, or each streamed chunk) is checked against the OpenAI shape
+        before the agent's framework sees it (``rollout_sdk.core.answers``)."""
+        name = getattr(cast_to, "__name__", "")
+        if name == "ChatCompletion":
+            check_completion(data)
+        elif name == "ChatCompletionChunk":
+            check_chunk(data)
+        return super()._process_response_data(data=data, cast_to=cast_to, response=response)
 
     def _make_status_error(
         self, err_msg: str, *, body: object, response: httpx.Response

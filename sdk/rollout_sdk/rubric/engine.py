@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from rollout_sdk.client.capped import MIB, CappedTransport
+from rollout_sdk.config import get_settings
 from rollout_sdk.rubric.types import (
     MissingAPIKeyError,
     ModelNotFoundError,
@@ -177,6 +179,14 @@ def parse_judgement(content: str) -> tuple[float, str]:
     return float(score), explanation.strip()
 
 
+def _capped() -> CappedTransport:
+    """The judge's answers are read against the SDK's answer caps, as a TrainGate's are."""
+    client = get_settings().client
+    return CappedTransport(
+        httpx.AsyncHTTPTransport(), client.max_answer_mb * MIB, client.answers_in_flight_mb * MIB
+    )
+
+
 def _error_detail(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -268,7 +278,7 @@ async def evaluate_rubric(
         )
 
     try:
-        async with httpx.AsyncClient(timeout=seconds) as client:
+        async with httpx.AsyncClient(timeout=seconds, transport=_capped()) as client:
             response = await client.post(
                 endpoint.rstrip("/") + "/chat/completions", json=payload, headers=headers
             )

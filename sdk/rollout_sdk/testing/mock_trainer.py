@@ -510,21 +510,26 @@ def create_mock_trainer_app(
 
 
 def patch_httpx_for_mock_trainer(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Route ``httpx.AsyncClient.post`` calls for the two TrainGate paths to ``client``
+    """Route requests an ``httpx.AsyncClient`` sends to the two TrainGate paths to ``client``
     (a ``fastapi.testclient.TestClient`` of the mock app); other URLs pass through."""
     import httpx
 
-    original_post = httpx.AsyncClient.post
+    original_send = httpx.AsyncClient.send
 
-    async def post(self: httpx.AsyncClient, url: Any, *args: Any, **kwargs: Any) -> Any:
-        target = str(url)
+    async def send(self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any) -> Any:
         for path in ("/v1/chat/completions", "/v1/rollout/completed"):
-            if path in target:
-                kwargs.pop("timeout", None)
-                return client.post(path, *args, **kwargs)
-        return await original_post(self, url, *args, **kwargs)
+            if request.url.path.endswith(path):
+                headers = {
+                    name: value
+                    for name, value in request.headers.items()
+                    if name.lower() not in ("host", "content-length")
+                }
+                return client.request(
+                    request.method, path, content=request.content, headers=headers
+                )
+        return await original_send(self, request, **kwargs)
 
-    monkeypatch.setattr(httpx.AsyncClient, "post", post)
+    monkeypatch.setattr(httpx.AsyncClient, "send", send)
 
 
 __all__ = [

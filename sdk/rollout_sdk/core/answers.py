@@ -1,0 +1,128 @@
+"""What a chat answer's message may be: the OpenAI shape an agent expects, checked where the
+answer enters (the v1 TrainGate client's parse; the integrations' OpenAI client, for whole
+answers and for each streamed chunk).
+
+A TrainGate is the trainer's, and its answers are untrusted bytes: a message whose ``role``
+is not ``assistant`` or whose ``content`` is not text would otherwise pass as a success and
+end up in the rollout's messages, the trajectory and the next prompt. A mismatch fails the
+call, naming the field (:class:`ChatAnswerInvalid`, a ``ValueError``: the rollout's category is
+``validation_error``). Fields beyond these pass through untouched (servers add their own, such
+as ``reasoning_content``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Function(_Open):
+    name: str
+    arguments: str
+
+
+class _ToolCall(_Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: _Function
+
+
+class AnswerMessage(_Open):
+    """An answered message: the assistant's, its content text or none."""
+
+    role: Literal["assistant"]
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _ChunkFunction(_Open):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ChunkToolCall(_Open):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: _ChunkFunction | None = None
+
+
+class AnswerDelta(_Open):
+    """A streamed chunk's delta."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_ChunkToolCall] | None = None
+
+
+class ChatAnswerInvalid(ValueError):
+    """A chat answer whose message is not the OpenAI shape (the SDK's own words: the field and
+    what it must be, never its value)."""
+
+    own_words = True
+
+
+def _problem(exc: ValidationError, where: str) -> str:
+    first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+    loc = ".".join([where, *map(str, first["loc"])])
+    return f"{loc}: {first['msg']}"
+
+
+def message_problem(message: Any) -> str | None:
+    """What is wrong with an answered ``message`` (``None``: nothing), as ``field: why``."""
+    try:
+        AnswerMessage.model_validate(message)
+    except ValidationError as exc:
+        return _problem(exc, "message")
+    return None
+
+
+def _choices(data: Any) -> list[tuple[int, Any]]:
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list):
+        return []
+    return [(index, choice) for index, choice in enumerate(choices) if isinstance(choice, dict)]
+
+
+def check_completion(data: Any) -> None:
+    """Raise :class:`ChatAnswerInvalid` if a ``chat.completion`` body's messages are not the
+    OpenAI shape (anything else about the body is its client's to judge)."""
+    for index, choice in _choices(data):
+        try:
+            AnswerMessage.model_validate(choice.get("message"))
+        except ValidationError as exc:
+            raise ChatAnswerInvalid(
+                "the TrainGate's chat answer is not an OpenAI chat completion: "
+                + _problem(exc, f"choices.{index}.message")
+            ) from None
+
+
+def check_chunk(data: Any) -> None:
+    """The same for one streamed ``chat.completion.chunk``'s deltas."""
+    for index, choice in _choices(data):
+        if "delta" not in choice:
+            continue
+        try:
+            AnswerDelta.model_validate(choice["delta"])
+        except ValidationError as exc:
+            raise ChatAnswerInvalid(
+                "the TrainGate's chat answer is not an OpenAI chat completion chunk: "
+                + _problem(exc, f"choices.{index}.delta")
+            ) from None
+
+
+__all__ = [
+    "AnswerDelta",
+    "AnswerMessage",
+    "ChatAnswerInvalid",
+    "check_chunk",
+    "check_completion",
+    "message_problem",
+]
