@@ -5,6 +5,8 @@ test, which keeps the spans in memory (the in-memory exporter of a multi-process
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from rollout_sdk.testing.otlp import serve_otlp
 from tests.conftest import StartFleet
-from tests.harness import CALCULATOR_AGENT, calculator_bodies
+from tests.harness import CALCULATOR_AGENT, calculator_bodies, new_id, script
 
 
 @dataclass(frozen=True)
@@ -140,3 +142,73 @@ def test_one_rollout_is_one_trace_from_gateway_to_traingate(
         }
     finally:
         handle.close()
+
+
+SECRET = "pw=trace-7d2f0a"
+
+
+class _Banner:
+    """A service that answers any request with an SSH banner quoting a secret."""
+
+    def __init__(self) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            with connection:
+                connection.settimeout(5)
+                with contextlib.suppress(OSError):
+                    connection.recv(65536)
+                    connection.sendall(f"SSH-2.0-OpenSSH_9.6 {SECRET}\r\nBye.\r\n\r\n".encode())
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def test_a_span_never_carries_a_foreign_services_bytes(start_fleet: StartFleet) -> None:
+    """A TrainGate call to a service that answers an SSH banner fails with httpx's
+    ``RemoteProtocolError``, whose text quotes the banner: the exported spans record the
+    exception by its type, and no span carries the banner's bytes."""
+    bodies: list[bytes] = []
+
+    def take(body: bytes) -> bytes:
+        bodies.append(body)
+        answer: bytes = ExportTraceServiceResponse().SerializeToString()
+        return answer
+
+    server = serve_otlp("/v1/traces", take)
+    banner = _Banner()
+    handle = start_fleet(
+        workers=1,
+        env={
+            "ROLLOUT_FLEET_TRACING": "true",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OSMOSIS_ROLLOUT_CLIENT_MAX_RETRIES": "0",
+            "OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES": "0",
+        },
+    )
+    try:
+        rollout_id = new_id("banner")
+        body = handle.body(rollout_id, server_url=banner.url, metadata=script({"chat": {}}))
+        assert handle.init(body).status_code == 202
+        record = handle.wait_status(rollout_id, {"failure"}, timeout=30)
+        assert SECRET not in str(record)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+            b"RemoteProtocolError" in body for body in list(bodies)
+        ):
+            time.sleep(0.2)
+        exported = b"".join(bodies)
+        assert b"RemoteProtocolError" in exported  # the failed call is traced, by its type
+        assert SECRET.encode() not in exported
+    finally:
+        handle.close()
+        banner.close()
+        server.shutdown()
