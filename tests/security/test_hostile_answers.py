@@ -5,7 +5,8 @@ else: a worker stays under 600 MiB, no Redis value grows past 16 MiB, normal rol
 them succeed, and the secret reaches no view, Redis value, log line, metric or trace.
 
 Each case (hostile mode × v1 chat, v2 chat, v1 callback) runs a fleet of its own (gateway, one
-worker at the product's default concurrency, real redis-server, tracing on) against
+worker at the product's default concurrency, real redis-server, tracing on, and a supervisor
+that starts a worker again when it ends, as compose's restart policy does) against
 :class:`HostileEndpoint`. v1 runs the scripted agent (one chat, complete); v2 runs
 ``tests/agents/id_headers_v2.py``'s OpenAI-client path (the OpenAI client over the SDK's
 httpx transport). Over-size answers must fail naming ``OSMOSIS_ROLLOUT_CLIENT_MAX_ANSWER_MB``.
@@ -34,6 +35,7 @@ from tests.harness import (
     all_logs,
     new_id,
     redis_dump,
+    supervised,
 )
 from tests.security.hostile_endpoint import HOSTILE, OVERSIZE, HostileEndpoint, Mode
 from tests.security.leak_checks import (
@@ -265,13 +267,15 @@ def test_a_hostile_answer_fails_its_rollouts_and_nothing_else(
         handle = start_fleet(SCRIPTED_AGENT, workers=1, concurrency=None, env=env)
     watch = RssWatch(lambda: worker_pids(handle), guard=RSS_GUARD)
     idle = watch.idle()
-    with watch:
+    with watch, supervised(handle.fleet) as restarted:
         if isinstance(handle, V2FleetUnderTest):
             outcomes, views = run_v2(handle, endpoint, mode)
         else:
             outcomes, views = run_v1(handle, endpoint, target, mode)
         time.sleep(1)  # the last spans are exported
     problems = judge(target, mode, outcomes, endpoint)
+    if restarted:
+        problems.append(f"workers ended and were started again: {restarted}")
     if watch.guard_tripped_at is not None:
         problems.append(f"worker tree killed at {watch.guard_tripped_at / MiB:.0f} MiB RSS")
     if watch.peak > MAX_WORKER_RSS:
@@ -312,6 +316,7 @@ def test_a_hostile_answer_fails_its_rollouts_and_nothing_else(
         "idle_rss_mib": round(idle / MiB),
         "peak_rss_mib": round(watch.peak / MiB),
         "guard_tripped": watch.guard_tripped_at is not None,
+        "workers_restarted": restarted,
         "ended_after": {o.rollout_id: o.ended_after for o in outcomes},
         "views": [o.view for o in outcomes],
         "problems": [problem[:600] for problem in problems],
