@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 import redis
 
@@ -120,6 +119,20 @@ def view_of(handle: FleetUnderTest, rollout_id: str) -> dict[str, Any]:
     return response.json() if response.status_code == 200 else {"http": response.status_code}
 
 
+def wait_ended(handle: FleetUnderTest, outcomes: list[Outcome], limit: float) -> None:
+    """Watch the records until every rollout is terminal or ``limit`` seconds have passed
+    since now; note when each ended."""
+    start = time.monotonic()
+    while time.monotonic() < start + limit and any(o.ended_after is None for o in outcomes):
+        for outcome in outcomes:
+            if (
+                outcome.ended_after is None
+                and handle.record(outcome.rollout_id).get("status") in TERMINAL
+            ):
+                outcome.ended_after = time.monotonic() - start
+        time.sleep(0.1)
+
+
 def run_v1(
     handle: FleetUnderTest, endpoint: HostileEndpoint, target: str, mode: Mode
 ) -> tuple[list[Outcome], str]:
@@ -135,16 +148,7 @@ def run_v1(
         body = handle.body(outcome.rollout_id, server_url=endpoint.server_url(chat, callback))
         assert handle.init(body).status_code == 202
         outcomes.append(outcome)
-    start = time.monotonic()
-    deadline = start + V1_LIMIT
-    while time.monotonic() < deadline and any(o.ended_after is None for o in outcomes):
-        for outcome in outcomes:
-            if (
-                outcome.ended_after is None
-                and handle.record(outcome.rollout_id).get("status") in TERMINAL
-            ):
-                outcome.ended_after = time.monotonic() - start
-        time.sleep(0.1)
+    wait_ended(handle, outcomes, V1_LIMIT)
     time.sleep(1.5)  # a repeated callback, if any, arrives
     views = ""
     for outcome in outcomes:
@@ -170,19 +174,12 @@ def run_v2(
         assert response.status_code == 202, response.text
         tokens[outcome.rollout_id] = response.json()["polling_lease_token"]
         outcomes.append(outcome)
-    start = time.monotonic()
-    deadline = start + V2_LIMIT
+    wait_ended(handle, outcomes, V2_LIMIT)
     views = ""
     for outcome in outcomes:
-        while time.monotonic() < deadline:
-            try:
-                polled = handle.poll(outcome.rollout_id, tokens[outcome.rollout_id])
-            except httpx.HTTPError:
-                continue
-            if polled.status_code == 200 and polled.json()["status"] in TERMINAL:
-                outcome.result = polled.json()
-                outcome.ended_after = time.monotonic() - start
-                break
+        if outcome.ended_after is not None:  # the final poll answers at once
+            polled = handle.poll(outcome.rollout_id, tokens[outcome.rollout_id])
+            outcome.result = polled.json() if polled.status_code == 200 else {}
         outcome.view = view_of(handle, outcome.rollout_id)
         views += json.dumps(outcome.view) + "\n" + json.dumps(outcome.result) + "\n"
     return outcomes, views
