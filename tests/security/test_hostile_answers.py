@@ -135,11 +135,15 @@ def wait_ended(handle: FleetUnderTest, outcomes: list[Outcome], limit: float) ->
 
 
 def run_v1(
-    handle: FleetUnderTest, endpoint: HostileEndpoint, target: str, mode: Mode
+    handle: FleetUnderTest,
+    endpoint: HostileEndpoint,
+    target: str,
+    mode: Mode,
+    count: int = HOSTILE_ROLLOUTS,
 ) -> tuple[list[Outcome], str]:
     outcomes = []
-    for index in range(HOSTILE_ROLLOUTS + NORMAL_ROLLOUTS):
-        hostile = index < HOSTILE_ROLLOUTS
+    for index in range(count + NORMAL_ROLLOUTS):
+        hostile = index < count
         chat, callback = Mode.NORMAL, Mode.NORMAL
         if hostile and target == "v1-chat":
             chat = mode
@@ -159,11 +163,11 @@ def run_v1(
 
 
 def run_v2(
-    handle: V2FleetUnderTest, endpoint: HostileEndpoint, mode: Mode
+    handle: V2FleetUnderTest, endpoint: HostileEndpoint, mode: Mode, count: int = HOSTILE_ROLLOUTS
 ) -> tuple[list[Outcome], str]:
     outcomes, tokens = [], {}
-    for index in range(HOSTILE_ROLLOUTS + NORMAL_ROLLOUTS):
-        hostile = index < HOSTILE_ROLLOUTS
+    for index in range(count + NORMAL_ROLLOUTS):
+        hostile = index < count
         outcome = Outcome(new_id(f"{mode}-{index}"), hostile)
         body = handle.body(
             outcome.rollout_id,
@@ -323,3 +327,50 @@ def test_a_hostile_answer_fails_its_rollouts_and_nothing_else(
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{target}-{mode}.json").write_text(json.dumps(record, indent=2, default=str))
     assert not problems, "\n".join(problem[:600] for problem in problems)
+
+
+STORM = 100  # the product's default worker concurrency: every slot meets the hostile answer
+
+
+@pytest.mark.timeout(CASE_TIMEOUT)
+@pytest.mark.parametrize("target", ["v1-chat", "v2-chat"])
+def test_a_storm_of_hostile_answers_keeps_a_worker_within_its_bound(
+    start_fleet: StartFleet, endpoint: HostileEndpoint, target: str
+) -> None:
+    """A hundred rollouts at once, every one meeting a 100 MB valid JSON answer gzipped to
+    100 KB, on a worker at the default concurrency and caps: its peak RSS stays under
+    600 MiB (the caps bound what is read at once, ``OSMOSIS_ROLLOUT_CLIENT_ANSWERS_IN_FLIGHT
+    _MB``, and what a refused read leaves behind), and every rollout ends once, failed. Which
+    failure a hostile rollout gets depends on when its calls found room to read (over the cap,
+    or its deadline while retrying): not judged here."""
+    mode = Mode.GZIP_JSON_100MB
+    env = {
+        "OSMOSIS_ROLLOUT_CLIENT_MAX_RETRIES": str(CHAT_RETRIES),
+        "OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES": str(CALLBACK_RETRIES),
+    }
+    if target == "v2-chat":
+        handle = start_fleet(
+            ID_HEADERS_AGENT,
+            workers=1,
+            gateways=1,
+            concurrency=None,
+            handle=V2FleetUnderTest,
+            env={**V2_ENV, **env},
+        )
+    else:
+        handle = start_fleet(SCRIPTED_AGENT, workers=1, concurrency=None, env=env)
+    watch = RssWatch(lambda: worker_pids(handle), guard=RSS_GUARD)
+    idle = watch.idle()
+    with watch, supervised(handle.fleet) as restarted:
+        if isinstance(handle, V2FleetUnderTest):
+            outcomes, views = run_v2(handle, endpoint, mode, STORM)
+        else:
+            outcomes, views = run_v1(handle, endpoint, target, mode, STORM)
+    assert not restarted
+    assert watch.peak < MAX_WORKER_RSS, f"peak {watch.peak / MiB:.0f} MiB, idle {idle / MiB:.0f}"
+    assert all(o.ended_after is not None for o in outcomes)
+    assert all(o.view.get("attempt") == 1 for o in outcomes), views
+    for outcome in outcomes:
+        status = outcome.result.get("status") if target == "v2-chat" else outcome.view["status"]
+        assert status == ("failure" if outcome.hostile else "success"), outcome.view
+    assert not leaks(SECRET, {"views": views, "logs": all_logs(handle)})

@@ -153,11 +153,15 @@ class _CappedStream(httpx.AsyncByteStream):
         self._raw = 0
         self._decoded = 0
         self._held = 0
+        # The pieces handed on so far: emptied if the read is refused, since the caller's
+        # frames (kept alive by the exception's traceback, through a client's retry pause)
+        # still hold them.
+        self._given: list[bytearray] = []
 
     def _over(self) -> AnswerRefused:
         return AnswerRefused.over(self._request, self._status, self._cap)
 
-    def _charge(self, piece: bytes) -> bytes:
+    def _charge(self, piece: bytes) -> bytearray:
         self._decoded += len(piece)
         if self._decoded > self._cap:
             raise self._over()
@@ -168,31 +172,44 @@ class _CappedStream(httpx.AsyncByteStream):
                 self._status,
             )
         self._held += len(piece)
-        return piece
+        given = bytearray(piece)
+        self._given.append(given)
+        return given
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        """The body, decoded, as ``bytearray`` pieces (bytes-like: what httpx and its callers
+        join, decode and parse)."""
         try:
-            async for chunk in self._inner:
-                self._raw += len(chunk)
-                if self._raw > self._cap:
-                    raise self._over()
-                if self._inflater is None:
-                    yield self._charge(chunk)
-                    continue
-                pieces = self._inflater.pieces(chunk)
-                if pieces is None:
-                    raise AnswerRefused(
-                        f"{_what(self._request)}: the answer is not the encoding it declares",
-                        self._status,
-                    )
-                piece = pieces[0]
-                while piece:
-                    yield self._charge(piece)
-                    piece = self._inflater.more()
-            if self._inflater is not None and (rest := self._inflater.flush()):
-                yield self._charge(rest)
+            async for piece in self._pieces():
+                yield piece  # type: ignore[misc]  # a bytearray stands for bytes here
+        except AnswerRefused:
+            for given in self._given:
+                given.clear()
+            raise
         finally:
+            self._given = []
             self._release()
+
+    async def _pieces(self) -> AsyncIterator[bytearray]:
+        async for chunk in self._inner:
+            self._raw += len(chunk)
+            if self._raw > self._cap:
+                raise self._over()
+            if self._inflater is None:
+                yield self._charge(chunk)
+                continue
+            pieces = self._inflater.pieces(chunk)
+            if pieces is None:
+                raise AnswerRefused(
+                    f"{_what(self._request)}: the answer is not the encoding it declares",
+                    self._status,
+                )
+            piece = pieces[0]
+            while piece:
+                yield self._charge(piece)
+                piece = self._inflater.more()
+        if self._inflater is not None and (rest := self._inflater.flush()):
+            yield self._charge(rest)
 
     def _release(self) -> None:
         if self._held:

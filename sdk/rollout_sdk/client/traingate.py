@@ -458,9 +458,7 @@ class OsmosisLLMClient:
                         timeout=timeout,
                         extensions={**extensions, ATTEMPT_EXTENSION: attempt},
                     )
-                    response = await self._client().send(request, stream=not read_answer)
-                    if not read_answer:
-                        await _drain(response)
+                    response = await self._send(request, read_answer)
             except (httpx.TimeoutException, TimeoutError) as exc:
                 last_error = OsmosisTimeoutError(f"POST {url} timed out ({type(exc).__name__})")
             except AnswerRefused as exc:  # the SDK's own words: an answer over its cap
@@ -487,6 +485,18 @@ class OsmosisLLMClient:
             )
         assert last_error is not None
         raise last_error
+
+    async def _send(self, request: httpx.Request, read_answer: bool) -> httpx.Response:
+        """The answer to ``request``: read whole (under the cap), or, when only its status
+        counts, drained; then an answer refused for its size still tells its status."""
+        if read_answer:
+            return await self._client().send(request)
+        try:
+            response = await self._client().send(request, stream=True)
+        except AnswerRefused as exc:  # its length, declared over the cap: the status came
+            return httpx.Response(exc.status_code, request=request)
+        await _drain(response)
+        return response
 
 
 __all__ = [

@@ -228,6 +228,11 @@ class _AnswerReader:
             return
         self._keep()
 
+    def drop(self) -> None:
+        """The read failed: let go of the body read so far, no turn kept."""
+        self._body = bytearray()
+        self._over = True
+
     def closed(self) -> None:
         """The caller closed the body, read to its end or not."""
         if self._builder.finish_reason is not None:
@@ -270,9 +275,13 @@ class _TappedStream(httpx.AsyncByteStream):
         self._reader = reader
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            self._reader.feed(chunk)
-            yield chunk
+        try:
+            async for chunk in self._inner:
+                self._reader.feed(chunk)
+                yield chunk
+        except BaseException:
+            self._reader.drop()  # what it kept must not outlive the failed read
+            raise
         self._reader.finish()
 
     async def aclose(self) -> None:
