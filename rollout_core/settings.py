@@ -198,6 +198,20 @@ class FleetSettings(BaseSettings):
     max_request_bytes: int = Field(
         16 * 2**20, ge=1024, description="Request bodies larger than this get 413."
     )
+    redis_reserve_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=0.5,
+        description="Share of Redis's maxmemory that admissions leave free besides the room "
+        "unfinished rollouts need to end (buffers, replication, the fleet's own upkeep).",
+    )
+    redis_finish_room_factor: float = Field(
+        2.0,
+        ge=1,
+        le=100,
+        description="Room kept in Redis for each unfinished rollout to end, as a multiple of "
+        "the mean bytes a finishing rollout has added (results differ in size).",
+    )
     get_tools_timeout_seconds: Duration = Field(
         10, description="Limit on the agent's get_tools() during admission."
     )

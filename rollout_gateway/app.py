@@ -27,6 +27,7 @@ from rollout_core.secrets import keep_key_canary, load_secret_box
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore, StoreFull, StoreUnavailable
 from rollout_gateway import lookup, metrics, ready
+from rollout_gateway.headroom import Headroom
 from rollout_gateway.limits import ERROR_RESPONSES, BodySizeLimit, OpenBindRefusal
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
@@ -149,6 +150,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
             box=box,
             tools=tools,
             watch=RedisWatch(store, settings),
+            headroom=Headroom(store, settings),
         )
         app.state.gateway = gateway
         listener = None if speaks_v1 else ChangeListener(store)
@@ -157,6 +159,7 @@ def create_app(settings: FleetSettings | None = None) -> FastAPI:
         )
         chores = [
             asyncio.create_task(PollingClock(store).run(), name="polling-clock"),
+            asyncio.create_task(gateway.headroom.run(), name="headroom"),
             asyncio.create_task(keep_waiting_rollouts(store, settings, agreement), name="upkeep"),
         ]
         settle_heap()

@@ -12,6 +12,7 @@ from rollout_core.durability import RedisWatch
 from rollout_core.secrets import SecretBox
 from rollout_core.settings import FleetSettings
 from rollout_core.store import RecordStore
+from rollout_gateway.headroom import Headroom
 from rollout_gateway.tools import ToolsRunner
 from rollout_sdk.core.base import RolloutAgentLoop
 from rollout_sdk.loader import Agent
@@ -28,6 +29,7 @@ class Gateway:
     box: SecretBox
     tools: ToolsRunner
     watch: RedisWatch
+    headroom: Headroom  # room in Redis for admitted rollouts to end
 
     @property
     def speaks_v1(self) -> bool:

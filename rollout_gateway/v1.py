@@ -20,6 +20,7 @@ from rollout_core.protocols import v1
 from rollout_core.queue.envelope import admission_message
 from rollout_core.secrets import redact
 from rollout_core.store import AdmitStart, RecordKey
+from rollout_gateway.headroom import written_bytes
 from rollout_gateway.limits import check_nesting, check_trainer_url
 from rollout_gateway.state import Gateway
 from rollout_sdk.core.schemas import HealthResponse, RolloutRequest
@@ -70,6 +71,7 @@ class FleetV1Service(V1Service):
         """Prepare the rollout and commit it while we hold the admission key; None if it lapsed."""
         gateway, store = self.gateway, self.gateway.store
         try:
+            await gateway.headroom.check()  # room for it to end, else a full store's 503
             prepared = await self._prepare(request)
         except BaseException:
             await store.admit_abort(key, token)
@@ -78,13 +80,12 @@ class FleetV1Service(V1Service):
         message, names = admission_message(
             gateway.celery, key, request.rollout_id, store.queue, tracing.context_fields()
         )
+        fields = {**v1.admission_fields(request, body, gateway.box), **names}
         committed = await store.admit_commit(
-            key,
-            token,
-            gateway.settings.inflight_ttl_seconds,
-            message,
-            {**v1.admission_fields(request, body, gateway.box), **names},
+            key, token, gateway.settings.inflight_ttl_seconds, message, fields
         )
+        if committed:
+            gateway.headroom.admitted(written_bytes(message, fields))
         return body if committed else None
 
     async def _prepare(self, request: RolloutRequest) -> PreparedRollout:

@@ -20,10 +20,12 @@ from rollout_core.store import (
     TERMINAL,
     AdmitOutcome,
     CancelOutcome,
+    NoHeadroom,
     PollOutcome,
     RecordField,
     RecordKey,
 )
+from rollout_gateway.headroom import written_bytes
 from rollout_gateway.limits import check_nesting, check_trainer_url
 from rollout_gateway.listener import ChangeListener
 from rollout_gateway.state import Gateway
@@ -93,6 +95,13 @@ class FleetRollouts(RolloutService):
         message, names = admission_message(
             gateway.celery, key, request.rollout_id, store.queue, tracing.context_fields()
         )
+        try:
+            await gateway.headroom.check()  # room for it to end, else the full queue's 429
+        except NoHeadroom:
+            if await store.admissions_fenced():  # draining comes first (CONFORMANCE #72)
+                raise ServerDraining from None
+            raise
+        fields = {**v2.admission_fields(request, gateway.box), **names}
         outcome = await store.admit_v2(
             key,
             max_queued=gateway.settings.max_queued,
@@ -100,10 +109,11 @@ class FleetRollouts(RolloutService):
             ttl_seconds=gateway.settings.inflight_ttl_seconds,
             message=message,
             lease_digest=lease_digest(token),
-            fields={**v2.admission_fields(request, gateway.box), **names},
+            fields=fields,
         )
         if outcome in _REFUSALS:
             raise _REFUSALS[outcome]
+        gateway.headroom.admitted(written_bytes(message, fields))
         return RolloutInitResponse(
             rollout_id=request.rollout_id,
             status=RolloutStatus.QUEUED,

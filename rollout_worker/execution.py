@@ -21,6 +21,15 @@ takes no more until it is done (``rollout_worker/slots.py``). A worker with one 
 everything alone. One crash of a busy worker (killed, out of memory, its machine lost) costs
 nobody an attempt and slows nobody down; an agent that kills every worker it runs on takes its
 neighbours down twice at most, then crashes alone until its attempts run out.
+
+A write Redis refuses is no crash. Redis that still answers may refuse one write of a
+rollout: it is full (``maxmemory``), the value is larger than it takes, or it cuts the
+connection the write went on. The execution keeps its lease (the heartbeat still renews it:
+renewals run at ``maxmemory``), tries the write again a few times with a pause between
+(:data:`REFUSED_WRITE_TRIES`), and if Redis keeps refusing it, ends the rollout once with the
+real reason (:class:`~rollout_core.store.WriteRefused`). Left to its lease, it would be run
+again by another worker, counted as its worker's crash, and after enough of those end as
+"the worker running it stopped (crashed or was killed) each time".
 """
 
 from __future__ import annotations
@@ -49,7 +58,11 @@ from rollout_core.store import (
     RecordStore,
     Status,
     StoreError,
+    StoreFull,
+    StoreReplyError,
+    StoreUnavailable,
     Verdict,
+    WriteRefused,
 )
 from rollout_worker import metrics
 from rollout_worker.slots import Slots
@@ -64,6 +77,20 @@ STOPPED_UNANSWERED = "the worker stopped before the trainer answered"
 RECYCLED_UNREAD = (
     "the worker was restarted (an agent blocked its event loop) before it read the trainer's answer"
 )
+
+
+# A write of a rollout Redis refuses while it answers is tried this many times in all, the
+# pause between tries doubling from REFUSED_WRITE_PAUSE_SECONDS up to REFUSED_WRITE_MAX_PAUSE.
+REFUSED_WRITE_TRIES = 5
+REFUSED_WRITE_PAUSE_SECONDS = 0.5
+REFUSED_WRITE_MAX_PAUSE = 4.0
+# Redis's words for a write too large for it (proto-max-bulk-len, client-query-buffer-limit).
+_TOO_LARGE = ("too large", "invalid bulk length", "protocol error", "query buffer")
+
+
+def refused_message(reason: str) -> str:
+    """What a rollout whose write Redis refused ends with."""
+    return f"Redis refused to store this rollout's outcome ({reason}); the worker was not at fault"
 
 
 def time_limit_message(seconds: float) -> str:
@@ -203,19 +230,64 @@ class Lease:
         fields: Mapping[RecordField, str] | None = None,
     ) -> Advance:
         """Move the rollout to ``status`` (``cancelled_result`` instead of a success if its
-        cancellation was requested); ``Advance.LOST`` if the lease was lost."""
-        advanced = await self.store.advance(
-            self.key,
-            self.execution,
-            status,
-            result=result,
-            retention_seconds=self.retention_seconds,
-            cancelled_result=cancelled_result,
-            fields=fields,
-        )
+        cancellation was requested); ``Advance.LOST`` if the lease was lost. A write Redis
+        refuses while it answers is tried again, the lease kept, up to
+        :data:`REFUSED_WRITE_TRIES` times (a value too large for it: once); then
+        :class:`WriteRefused`. Redis not answering raises as it is (the lease decides)."""
+        pause = REFUSED_WRITE_PAUSE_SECONDS
+        for attempt in range(1, REFUSED_WRITE_TRIES + 1):
+            try:
+                advanced = await self.store.advance(
+                    self.key,
+                    self.execution,
+                    status,
+                    result=result,
+                    retention_seconds=self.retention_seconds,
+                    cancelled_result=cancelled_result,
+                    fields=fields,
+                )
+                break
+            except StoreError as exc:
+                reason = await self._refusal(exc)
+                if reason is None:
+                    raise
+                # A value too large for Redis stays so; a full Redis or a cut may pass.
+                too_large = isinstance(exc, StoreReplyError) and not isinstance(exc, StoreFull)
+                if too_large or attempt == REFUSED_WRITE_TRIES:
+                    raise WriteRefused(reason) from exc
+                logger.warning(
+                    "%s: Redis refused a write of this rollout (%s); its lease is kept and the "
+                    "write tried again in %gs (try %d of %d)",
+                    self.key,
+                    reason,
+                    pause,
+                    attempt + 1,
+                    REFUSED_WRITE_TRIES,
+                )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, REFUSED_WRITE_MAX_PAUSE)
         if advanced is Advance.LOST:
             self.lost = True
         return advanced
+
+    async def _refusal(self, error: StoreError) -> str | None:
+        """Why Redis refused a write it failed with ``error``, if it refused it (it is full,
+        the value is too large for it, or the connection the write went on was cut while
+        Redis answers others); None when Redis itself is away."""
+        if isinstance(error, StoreFull):
+            return "Redis is full (maxmemory)"
+        if isinstance(error, StoreReplyError):
+            text = str(error)
+            if any(words in text.lower() for words in _TOO_LARGE):
+                return f"the value is larger than Redis takes: {text}"
+            return None
+        if isinstance(error, StoreUnavailable):
+            try:
+                await self.store.ping()
+            except StoreError:
+                return None  # Redis is away: not this write's doing
+            return f"Redis cut the connection this write went on ({error}), answering others"
+        return None
 
 
 class Carrier(Interface):
@@ -367,9 +439,8 @@ class Executor:
             await self.store.mark_alone(lease.key, lease.execution)  # lost: the heartbeat says
             yield
 
-    @staticmethod
     async def _carry(
-        carrier: Carrier, claim: Claim, refusal: Refusal | None, lease: Lease
+        self, carrier: Carrier, claim: Claim, refusal: Refusal | None, lease: Lease
     ) -> Status | None:
         try:
             if refusal is not None:
@@ -378,6 +449,10 @@ class Executor:
         except UnreadableRecord as exc:  # running it again cannot help: it fails, once
             logger.error("%s: the record cannot be read: %s", lease.key, exc)  # noqa: TRY400
             return await carrier.fail(claim, f"the rollout's record cannot be read: {exc}", lease)
+        except WriteRefused as exc:
+            # Redis answers but refused this rollout's write: no crash; it ends here, once.
+            logger.error("%s: %s; it ends here", lease.key, refused_message(str(exc)))  # noqa: TRY400
+            return await self._end_refused(carrier, claim, lease, str(exc))
         except StoreError as exc:
             # Redis trouble passes; the rollout is taken over once its lease lapses, and run
             # again from its start: say so, the trainer sees its calls again.
@@ -395,6 +470,24 @@ class Executor:
             logger.exception("%s: the worker failed carrying it", lease.key)
             message = f"the worker failed carrying this rollout: {type(exc).__name__}"
             return await carrier.fail(claim, message, lease)
+
+    async def _end_refused(
+        self, carrier: Carrier, claim: Claim, lease: Lease, reason: str
+    ) -> Status | None:
+        """End a rollout whose write Redis refused, saying so; if Redis refuses that ending
+        too, abandon it with the reason, so that its next claim ends it, and never as a
+        crash of this worker (its lease would lapse, another worker would run it again)."""
+        message = refused_message(reason)
+        try:
+            return await carrier.fail(claim, message, lease)
+        except StoreError as exc:
+            logger.error("%s: its ending was refused too (%r); abandoned", lease.key, exc)  # noqa: TRY400
+            requeue = self._requeue_message(lease.key)
+            handed = await lease.store.hand_back(lease.key, lease.execution, requeue, message)
+            if not handed:
+                raise
+            lease.lost = True
+            return None
 
     @staticmethod
     async def _keep_trajectory(sink: TrajectorySink, key: RecordKey) -> None:
@@ -550,11 +643,13 @@ __all__ = [
     "HANDED_BACK",
     "LEASE_LOST",
     "RECYCLED_UNREAD",
+    "REFUSED_WRITE_TRIES",
     "STOPPED_UNANSWERED",
     "Carrier",
     "Departing",
     "Executor",
     "Lease",
     "Refusal",
+    "refused_message",
     "time_limit_message",
 ]

@@ -4,6 +4,7 @@ change records atomically."""
 
 from rollout_core.store.connection import answers, sentinel_primary
 from rollout_core.store.errors import (
+    NoHeadroom,
     NotReplicated,
     StoreAuthError,
     StoreError,
@@ -12,7 +13,9 @@ from rollout_core.store.errors import (
     StoreReplyError,
     StoreTimeout,
     StoreUnavailable,
+    WriteRefused,
 )
+from rollout_core.store.fleet import MemoryFigures
 from rollout_core.store.record import RolloutRecord
 from rollout_core.store.replies import (
     Claim,
@@ -60,6 +63,8 @@ __all__ = [
     "FleetFigures",
     "FleetWorkers",
     "Keys",
+    "MemoryFigures",
+    "NoHeadroom",
     "NotReplicated",
     "PollOutcome",
     "PollReply",
@@ -79,6 +84,7 @@ __all__ = [
     "V1Admission",
     "Verdict",
     "WorkerBeat",
+    "WriteRefused",
     "answers",
     "sentinel_primary",
 ]

@@ -15,11 +15,13 @@ from typing import Self, cast
 from rollout_core.settings import FleetSettings
 from rollout_core.store import replies
 from rollout_core.store.connection import (
+    AsyncScript,
     Pipeline,
     StoreClient,
     client,
     load_scripts,
     pipelined,
+    reads_script_flags,
     run,
 )
 from rollout_core.store.errors import NotReplicated
@@ -63,7 +65,8 @@ class StoreBase:
         self._listener = listener or redis  # pub/sub: no command timeout
         self.keys = Keys(prefix)
         self.queue = queue
-        self._scripts = load_scripts(redis, self.keys)
+        # Registered at the first script run, once the server's version is known.
+        self._loaded: dict[Script, AsyncScript] | None = None
         self._replicas = admission_replicas
         self._replica_timeout = replica_timeout_seconds
 
@@ -94,8 +97,15 @@ class StoreBase:
 
     async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """Run ``script``; its reply, for the script's function in ``replies`` to read."""
-        reply: Reply = await run(self._scripts[script], keys, args)
+        reply: Reply = await run((await self._scripts())[script], keys, args)
         return reply
+
+    async def _scripts(self) -> dict[Script, AsyncScript]:
+        """The fleet's scripts as this Redis runs them (its version is asked once)."""
+        if self._loaded is None:
+            flags = await reads_script_flags(self._redis)
+            self._loaded = load_scripts(self._redis, self.keys, flags)
+        return self._loaded
 
     async def _pipelined(self, fill: Callable[[Pipeline], Awaitable[None]]) -> list[Reply]:
         """The commands ``fill`` queues, in one round trip; their replies, to parse."""
@@ -105,7 +115,7 @@ class StoreBase:
         self, pipe: Pipeline, script: Script, keys: Sequence[str], args: Sequence[Arg]
     ) -> None:
         """Queue a run of ``script`` in ``pipe`` (its reply comes with the pipeline's)."""
-        await self._scripts[script](keys=list(keys), args=list(args), client=pipe)
+        await (await self._scripts())[script](keys=list(keys), args=list(args), client=pipe)
 
     async def _replicated(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """An admission script, then (when configured) ``WAIT`` on the same connection until

@@ -106,12 +106,9 @@ def translated() -> Iterator[None]:
     except NoScriptError:
         raise
     except RedisError as error:
-        failure = store_error(error)
-        if isinstance(failure, errors.StoreFull):
-            # Redis refuses writes, lease renewals too: leases lapse while their holders live,
-            # as when Redis does not answer, and sweepers must hold off the same way.
-            BudgetedRetry.last_failure = time.monotonic()
-        raise failure from error
+        # A full Redis is no trouble for sweepers: the scripts that renew leases, finish and
+        # repair rollouts run at ``maxmemory`` too (scripts.py), so no lease lapses for it.
+        raise store_error(error) from error
 
 
 class StoreClient(Redis):
@@ -143,9 +140,18 @@ async def run(script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> 
         raise store_error(error) from error
 
 
-def load_scripts(redis: Redis, keys: Keys) -> dict[Script, AsyncScript]:
+def load_scripts(redis: Redis, keys: Keys, flags: bool) -> dict[Script, AsyncScript]:
+    """The fleet's scripts, registered on ``redis`` (loaded on the server at their first
+    run); ``flags``: as a Redis that reads script flags (7.0 on) runs them."""
     prelude = lua_prelude(keys) + PRELUDE.read_text()
-    return {script: redis.register_script(prelude + script.file.read_text()) for script in Script}
+    return {script: redis.register_script(script.text(prelude, flags)) for script in Script}
+
+
+async def reads_script_flags(redis: Redis) -> bool:
+    """Whether the server reads script flags (``#!lua flags=``): Redis 7.0 on."""
+    server = await redis.info("server")
+    major = str(server.get("redis_version", "0")).split(".", 1)[0]
+    return major.isdigit() and int(major) >= 7
 
 
 class _SentinelConnection(SentinelManagedConnection):
@@ -295,6 +301,7 @@ async def _published(pubsub: PubSub) -> AsyncIterator[str]:
 __all__ = [
     "FAIL_FAST_CONNECT_SECONDS",
     "RETRY_BUDGET_SECONDS",
+    "AsyncScript",
     "BudgetedRetry",
     "Pipeline",
     "StoreClient",
@@ -304,6 +311,7 @@ __all__ = [
     "is_sentinel_url",
     "load_scripts",
     "pipelined",
+    "reads_script_flags",
     "run",
     "sentinel_primary",
     "store_error",

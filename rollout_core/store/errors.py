@@ -42,11 +42,24 @@ class StoreFull(StoreReplyError):
     """Redis is at ``maxmemory`` and refuses writes."""
 
 
+class NoHeadroom(StoreFull):
+    """Redis has not the room the rollouts admitted and not finished need to end (their
+    results, renewals and sweeps): admissions are refused as at ``maxmemory`` until it has
+    (``rollout_gateway/headroom.py``)."""
+
+
+class WriteRefused(StoreError):
+    """Redis, still answering, refused one write of a rollout: it is full, the value is
+    larger than it takes, or it cut the connection the write went on. The worker holding the
+    rollout is alive: this is no crash, and the rollout ends saying so."""
+
+
 class StoreNotRedis(StoreError):
     """The server answered in another protocol than Redis's."""
 
 
 __all__ = [
+    "NoHeadroom",
     "NotReplicated",
     "StoreAuthError",
     "StoreError",
@@ -55,4 +68,5 @@ __all__ = [
     "StoreReplyError",
     "StoreTimeout",
     "StoreUnavailable",
+    "WriteRefused",
 ]

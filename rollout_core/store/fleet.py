@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import cast
 
 from rollout_core.queue.envelope import read_queued
@@ -21,8 +22,19 @@ from rollout_core.store.replies import (
     FleetWorkers,
     WorkerBeat,
 )
-from rollout_core.store.schema import CancelOutcome, Change, RecordField, RecordKey
+from rollout_core.store.schema import CancelOutcome, Change, MemoryField, RecordField, RecordKey
 from rollout_core.store.scripts import Script
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """What Redis holds against what it may (``INFO memory``), with the fleet's own figures
+    of what its unfinished rollouts will add: read in one round trip."""
+
+    used_bytes: int  # used_memory
+    max_bytes: int  # maxmemory; 0: no limit
+    unfinished: int  # rollouts admitted and not finished (the active index)
+    finish_bytes: float | None  # the running mean a finish added; None before any finish
 
 
 class FleetState(StoreBase):
@@ -49,6 +61,20 @@ class FleetState(StoreBase):
             key: replies.cancel(outcome)
             for key, outcome in zip(cancelled_results, outcomes, strict=True)
         }
+
+    async def memory_figures(self) -> MemoryFigures:
+        """Redis's memory and the fleet's figures for the headroom admissions keep."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.info("memory")
+            pipe.zcard(self.keys.active)
+            pipe.hget(self.keys.memory, MemoryField.FINISH_BYTES)
+            memory, unfinished, finish = await pipe.execute()
+        return MemoryFigures(
+            used_bytes=int(memory["used_memory"]),
+            max_bytes=int(memory.get("maxmemory", 0)),
+            unfinished=int(unfinished),
+            finish_bytes=None if finish is None else float(finish),
+        )
 
     async def counts(self) -> FleetCounts:
         now_ms = ms(await self.clock())
@@ -225,4 +251,4 @@ class FleetState(StoreBase):
         return replies.tick(await self._run(Script.TICK, [], []))
 
 
-__all__ = ["FleetState"]
+__all__ = ["FleetState", "MemoryFigures"]

@@ -37,8 +37,8 @@ class Recovery(StoreBase):
     @staticmethod
     def seconds_since_trouble() -> float:
         """Seconds since this process last failed to reach Redis (a cut connection, a Redis
-        stopped, restarting, loading its AOF or failing over) or Redis refused a write (at
-        ``maxmemory``: renewals are refused too)."""
+        stopped, restarting, loading its AOF or failing over). A Redis at ``maxmemory`` is
+        none: renewals still go through there."""
         return time.monotonic() - BudgetedRetry.last_failure
 
     async def redis_uptime(self) -> float:

@@ -156,6 +156,22 @@ class ClockField(StrEnum):
     AWAY_AT = "away_at"  # when that was found (ms)
 
 
+class MemoryField(StrEnum):
+    """The fields of ``<prefix>:memory``: the fleet's own memory figures (``_prelude.lua``)."""
+
+    # A running mean of the bytes finishing a record added to Redis: its result, the fields
+    # the end wrote, and FINISH_OVERHEAD_BYTES for its index entries and encoding. Gateways
+    # keep that much room (times a factor) for every unfinished rollout (docs/OPERATIONS.md).
+    FINISH_BYTES = "finish_bytes"
+
+
+# What finishing a record adds to Redis besides the bytes of what it writes: its entry in
+# the finished index, the fields' own overhead.
+FINISH_OVERHEAD_BYTES = 256
+# The running mean of the finish bytes moves by 1/FINISH_BYTES_WEIGHT of each new figure's
+# difference from it: a few dozen finishes of a new size bring it most of the way there.
+FINISH_BYTES_WEIGHT = 32
+
 # Time the fleet's Redis could not answer does not count against a trainer's polling lease
 # (P§2.7): every fleet process reaches Redis every POLLING_CLOCK_TICK_SECONDS to say it could,
 # and a script that finds nobody did for longer than POLLING_CLOCK_GAP_SECONDS moves every
@@ -241,6 +257,7 @@ LUA_VOCABULARY: Mapping[str, type[StrEnum]] = {
     "VERDICT": Verdict,
     "ADVANCE": Advance,
     "CLOCK_FIELD": ClockField,
+    "MEMORY_FIELD": MemoryField,
 }
 LUA_SETS: Mapping[str, frozenset[Status]] = {
     "TERMINAL": TERMINAL,
@@ -333,6 +350,11 @@ class Keys:
         return self._named("stops")
 
     @property
+    def memory(self) -> str:
+        """The fleet's memory figures (:class:`MemoryField`)."""
+        return self._named("memory")
+
+    @property
     def fleet_key(self) -> str:
         return self._named("fleet-key")
 
@@ -379,6 +401,7 @@ class Keys:
             "FINISHED": self.finished,
             "POLLING_LEASES": self.polling_leases,
             "CLOCK": self.clock,
+            "MEMORY": self.memory,
             "V2IDS": self.v2_ids,
             "DRAINING": self.draining,
             "CHANGES": self.changes,
@@ -403,6 +426,8 @@ def lua_prelude(keys: Keys) -> str:
     lines.append(f"local CHANGE_SEPARATOR = {_lua_string(CHANGE_SEPARATOR)}")
     lines.append(f"local POLLING_CLOCK_GAP_MS = {int(POLLING_CLOCK_GAP_SECONDS * 1000)}")
     lines.append(f"local ALONE_AFTER_FORGIVEN = {ALONE_AFTER_FORGIVEN}")
+    lines.append(f"local FINISH_OVERHEAD_BYTES = {FINISH_OVERHEAD_BYTES}")
+    lines.append(f"local FINISH_BYTES_WEIGHT = {FINISH_BYTES_WEIGHT}")
     resolution = int(POLLING_CLOCK_RESOLUTION_SECONDS * 1000)
     lines.append(f"local POLLING_CLOCK_RESOLUTION_MS = {resolution}")
     for table, enum in LUA_VOCABULARY.items():
@@ -416,6 +441,8 @@ def lua_prelude(keys: Keys) -> str:
 __all__ = [
     "ALONE_AFTER_FORGIVEN",
     "CHANGE_SEPARATOR",
+    "FINISH_BYTES_WEIGHT",
+    "FINISH_OVERHEAD_BYTES",
     "LEASED",
     "LUA_SETS",
     "LUA_VOCABULARY",
@@ -438,6 +465,7 @@ __all__ = [
     "Change",
     "ClockField",
     "Keys",
+    "MemoryField",
     "PollOutcome",
     "Protocol",
     "RecordField",

@@ -42,5 +42,32 @@ class Script(StrEnum):
     def file(self) -> Traversable:
         return LUA / f"{self.value}.lua"
 
+    @property
+    def refusable(self) -> bool:
+        """Whether Redis at ``maxmemory`` refuses the script: only the ones that take new
+        work in. Every other one moves work already admitted on (claims, renewals,
+        results, hand-backs, requeues, sweeps, cancels, polls) and runs whatever the
+        memory, so what was admitted can always end (docs/RELIABILITY.md)."""
+        return self in ADMISSIONS
 
-__all__ = ["LUA", "PRELUDE", "Script"]
+    def text(self, prelude: str, flags: bool) -> str:
+        """What Redis runs, ``prelude`` (names and helpers) in front, for a Redis that reads
+        script ``flags`` (7.0 on) or not. Redis 7 reads them from the first line:
+        ``#!lua flags=allow-oom`` runs the script whatever the memory. Without one, Redis at
+        ``maxmemory`` refuses a script only at its first write, and only if that write may
+        grow memory (it cannot stop a script midway): before Redis 7 an ``UNLINK`` of a key
+        that never exists, a write that changes nothing and propagates nothing, comes first."""
+        body = self.file.read_text()
+        if self.refusable:
+            return prelude + body
+        if flags:
+            return "#!lua flags=allow-oom\n" + prelude + body
+        return prelude + "redis.call('UNLINK', MEMORY .. ':never')\n" + body
+
+
+# The scripts that take new work in: Redis at ``maxmemory`` refuses them (a trainer hears
+# 503 for v1, 429 for v2). A retry after the first reply was lost is one of these too.
+ADMISSIONS = frozenset({Script.ADMIT_BEGIN, Script.ADMIT_COMMIT, Script.ADMIT_V2})
+
+
+__all__ = ["ADMISSIONS", "LUA", "PRELUDE", "Script"]

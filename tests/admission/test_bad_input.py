@@ -4,12 +4,14 @@ and leaves no record behind; an unavailable store is a 503, never a 500."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from rollout_core.store.schema import MemoryField
 from rollout_fleet.redis_server import RedisServer
 from rollout_gateway.limits import MAX_NESTING
 from tests.conftest import TEST_ENV, v2_fleet
@@ -193,6 +195,36 @@ def test_a_full_store_tells_a_v2_trainer_to_come_back(
     assert fleet.result(body["rollout_id"], response.json()["polling_lease_token"])["status"] == (
         "success"
     )
+
+
+@pytest.mark.parametrize("doomed_store", ["v1", "v2"], indirect=True)
+def test_no_room_for_admitted_rollouts_to_end_refuses_before_redis_is_full(
+    doomed_store: tuple[FleetUnderTest, RedisServer],
+) -> None:
+    """Redis has 4 MiB free, but this fleet's finishes have added 10 MB each: it would take
+    the admission, not its result (the room kept, docs/OPERATIONS.md). The admission is
+    refused as a full store's (v1 503, v2 429), nothing written; with room again, taken."""
+    fleet, _ = doomed_store
+    v2 = isinstance(fleet, V2FleetUnderTest)
+    body = fleet.body()
+    send = (lambda: fleet.admit(body)) if v2 else (lambda: fleet.init(body))
+    figures = fleet.keys.memory
+    used = int(fleet.redis.info("memory")["used_memory"])
+    fleet.redis.config_set("maxmemory", str(used + 4 * 2**20))
+    fleet.redis.hset(figures, MemoryField.FINISH_BYTES, str(10_000_000))
+    try:
+        time.sleep(1.5)  # the gateway's figures are read every 0.5 s
+        response = send()
+        assert int(fleet.redis.info("memory")["used_memory"]) < used + 4 * 2**20  # not full
+    finally:
+        fleet.redis.config_set("maxmemory", "0")
+        fleet.redis.hdel(figures, MemoryField.FINISH_BYTES)
+    assert response.status_code == (429 if v2 else 503), response.text
+    assert response.headers["Retry-After"] == "5"
+    assert fleet.redis.exists(fleet.record_key(body["rollout_id"])) == 0
+    time.sleep(1.5)
+    assert send().status_code == 202
+    assert "admissions refused: Redis lacks" in fleet.logs()
 
 
 def test_a_gateway_dying_mid_admission_does_not_block_the_key(fleet: FleetUnderTest) -> None:

@@ -287,6 +287,25 @@ def test_an_invalid_setting_is_one_line(
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("ROLLOUT_FLEET_REDIS_RESERVE_FRACTION", "0.6", "less than or equal to 0.5"),
+        ("ROLLOUT_FLEET_REDIS_RESERVE_FRACTION", "-0.1", "greater than or equal to 0"),
+        ("ROLLOUT_FLEET_REDIS_RESERVE_FRACTION", "nan", "less than or equal to 0.5"),
+        ("ROLLOUT_FLEET_REDIS_FINISH_ROOM_FACTOR", "0.5", "greater than or equal to 1"),
+        ("ROLLOUT_FLEET_REDIS_FINISH_ROOM_FACTOR", "inf", "less than or equal to 100"),
+    ],
+)
+def test_a_headroom_setting_out_of_its_range_is_one_line(
+    tmp_path: Path, clean_env: dict[str, str], name: str, value: str, says: str
+) -> None:
+    env = {**clean_env, name: value, "REDIS_URL": "redis://x:1/0"}
+    done, _ = fleet_cli(tmp_path, env, "gateway")
+    assert done.returncode == 2
+    assert done.stderr == f"invalid setting {name}: Input should be {says}\n"
+
+
 @pytest.mark.parametrize("command", ["worker", "gateway"])
 def test_a_secret_key_that_is_not_a_fernet_key_is_one_line_naming_which(
     tmp_path: Path, clean_env: dict[str, str], command: str

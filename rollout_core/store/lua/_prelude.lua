@@ -66,6 +66,18 @@ local function publish_change(record, status)
     redis.call('PUBLISH', CHANGES, status .. CHANGE_SEPARATOR .. record)
   end
 end
+-- Count what finishing `record` added (its result, whenever it was written; the `writes` of
+-- its end; FINISH_OVERHEAD_BYTES) into the fleet's running mean, MEMORY_FIELD.finish_bytes:
+-- gateways keep that much room for every unfinished rollout to finish (schema.py).
+local function count_finish_bytes(record, writes)
+  local added = FINISH_OVERHEAD_BYTES + redis.call('HSTRLEN', record, FIELD.result)
+  for _, item in ipairs(writes) do
+    added = added + string.len(item)
+  end
+  local mean = tonumber(redis.call('HGET', MEMORY, MEMORY_FIELD.finish_bytes) or added)
+  redis.call('HSET', MEMORY, MEMORY_FIELD.finish_bytes,
+             string.format('%.1f', mean + (added - mean) / FINISH_BYTES_WEIGHT))
+end
 -- Make a record terminal in one write: status, result (unless ''), the caller's `fields`
 -- (field, value, ...); secret and lease holder emptied, retention TTL started.
 -- FIELD.terminations counts the calls: anything but 1 is a bug (the chaos suite checks it). A
@@ -88,6 +100,7 @@ local function terminate(record, status, result, ttl_ms, fields, terminations)
     writes[#writes + 1], writes[#writes + 2] = FIELD.result, result
   end
   redis.call('HSET', record, unpack(writes))
+  count_finish_bytes(record, writes)
   redis.call('ZREM', LEASES, record)
   redis.call('ZREM', ACTIVE, record)
   if is_v2(record) then
