@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rollout_sdk.client.capped import reading_answers
+from rollout_sdk.config import get_settings
 from rollout_sdk.core.base import RolloutAgentLoop, RolloutContext, RolloutResult
 from rollout_sdk.core.foreign import describe
 from rollout_sdk.core.schemas import (
@@ -92,7 +94,8 @@ async def run_agent_loop(agent_loop: RolloutAgentLoop, ctx: RolloutContext) -> R
     """Run the agent and map every outcome to the completion body. Cancellation propagates."""
     rollout_id = ctx.request.rollout_id
     try:
-        result = await agent_loop.run(ctx)
+        with reading_answers(get_settings().client.max_rollout_answers_mb):
+            result = await agent_loop.run(ctx)
     except Exception as exc:
         logger.info("rollout %s: run() raised %s", rollout_id, type(exc).__name__, exc_info=True)
         return error_response(rollout_id, describe(exc), ctx)

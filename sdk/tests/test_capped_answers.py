@@ -16,7 +16,7 @@ import pytest
 from openai import APIConnectionError
 
 from rollout_sdk.client import OsmosisLLMClient, new_http_client
-from rollout_sdk.client.capped import MIB, AnswerRefused, in_flight_budget
+from rollout_sdk.client.capped import MIB, AnswerRefused, in_flight_budget, reading_answers
 from rollout_sdk.config import RolloutSettings
 from rollout_sdk.core.answers import ChatAnswerInvalid
 from rollout_sdk.core.exceptions import OsmosisTransportError, OsmosisValidationError
@@ -288,3 +288,28 @@ async def test_a_v2_client_over_the_cap_is_told_in_the_sdks_words() -> None:
         f"POST {url}/v1/chat/completions: the answer is over 1 MiB "
         "(OSMOSIS_ROLLOUT_CLIENT_MAX_ANSWER_MB)"
     )
+
+
+async def test_a_rollouts_answers_add_up_to_its_budget_over_every_turn() -> None:
+    """Each answer under the per-answer cap, yet a rollout keeps what every turn answered:
+    inside ``reading_answers`` the sum is capped too, and the call past it fails naming the
+    setting; outside it (another rollout) the same answers are read."""
+    body = json.dumps(completion("x" * 400_000)).encode()
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(head({"Content-Length": str(len(body))}) + body)
+
+    async with (
+        RawServer(answer) as url,
+        OsmosisLLMClient(url, "r1", settings=settings()) as client,
+    ):
+        with reading_answers(1) as answers:
+            await client.chat_completions([{"role": "user", "content": "q"}])
+            await client.chat_completions([{"role": "user", "content": "q"}])
+            with pytest.raises(OsmosisValidationError) as caught:
+                await client.chat_completions([{"role": "user", "content": "q"}])
+        assert answers.read > MIB
+        assert "this rollout's answers add up to over 1 MiB" in str(caught.value)
+        assert "(OSMOSIS_ROLLOUT_CLIENT_MAX_ROLLOUT_ANSWERS_MB)" in str(caught.value)
+        with reading_answers(1):  # a new rollout starts from nothing
+            await client.chat_completions([{"role": "user", "content": "q"}])

@@ -18,6 +18,8 @@ from typing import Any
 from rollout_sdk.agent_workflow import AgentWorkflow
 from rollout_sdk.backend.artifacts import artifacts_dir
 from rollout_sdk.backend.errors import categorize_exception
+from rollout_sdk.client.capped import reading_answers
+from rollout_sdk.config import get_settings
 from rollout_sdk.context import AgentWorkflowContext, GraderContext, RolloutContext
 from rollout_sdk.core.foreign import describe
 from rollout_sdk.grader import Grader
@@ -222,7 +224,15 @@ async def execute_rollout(
     queued_sec: float = 0.0,
 ) -> ExecutionOutcome:
     """Workflow, then (when requested and possible) grading; reports ``grading`` on ``ctx``.
-    Both see the rollout's one artifacts directory."""
+    Both see the rollout's one artifacts directory, and share its answers' budget
+    (``OSMOSIS_ROLLOUT_CLIENT_MAX_ROLLOUT_ANSWERS_MB``)."""
+    with reading_answers(get_settings().client.max_rollout_answers_mb):
+        return await _execute(bundle, request, ctx, queued_sec)
+
+
+async def _execute(
+    bundle: WorkflowBundle, request: ExecutionRequest, ctx: RolloutContext, queued_sec: float
+) -> ExecutionOutcome:
     artifacts = await artifacts_dir(request.id)
     result = await run_workflow(bundle, request, ctx, queued_sec=queued_sec, artifacts=artifacts)
     if not request.grade or result.status is not RolloutStatus.SUCCESS:

@@ -14,9 +14,11 @@ client's timeouts' to end.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextvars import ContextVar
 
 import httpx
 
@@ -26,6 +28,7 @@ _STEP = 64 * 1024
 _DECODED = frozenset({"gzip", "x-gzip", "deflate"})
 CAP_SETTING = "OSMOSIS_ROLLOUT_CLIENT_MAX_ANSWER_MB"
 IN_FLIGHT_SETTING = "OSMOSIS_ROLLOUT_CLIENT_ANSWERS_IN_FLIGHT_MB"
+ROLLOUT_SETTING = "OSMOSIS_ROLLOUT_CLIENT_MAX_ROLLOUT_ANSWERS_MB"
 
 
 class AnswerRefused(httpx.DecodingError):
@@ -72,6 +75,31 @@ class InFlightBudget:
     def give(self, count: int) -> None:
         with self._lock:
             self.held -= count
+
+
+class RolloutAnswers:
+    """What one rollout's answers may add up to: everything it keeps (its messages, its
+    turns' token ids) and will store comes from them, over every turn and retry."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.read = 0
+
+
+_rollout: ContextVar[RolloutAnswers | None] = ContextVar("rollout_answers", default=None)
+
+
+@contextlib.contextmanager
+def reading_answers(limit_mb: int) -> Iterator[RolloutAnswers]:
+    """The answers read in this block (this task and the tasks it starts, through the SDK's
+    clients) add up to at most ``limit_mb``: past it a call fails, naming the setting. The
+    SDK's runners put each rollout in one."""
+    answers = RolloutAnswers(limit_mb * MIB)
+    token = _rollout.set(answers)
+    try:
+        yield answers
+    finally:
+        _rollout.reset(token)
 
 
 _budgets: dict[int, InFlightBudget] = {}
@@ -157,6 +185,7 @@ class _CappedStream(httpx.AsyncByteStream):
         # frames (kept alive by the exception's traceback, through a client's retry pause)
         # still hold them.
         self._given: list[bytearray] = []
+        self._rollout = _rollout.get()
 
     def _over(self) -> AnswerRefused:
         return AnswerRefused.over(self._request, self._status, self._cap)
@@ -172,6 +201,14 @@ class _CappedStream(httpx.AsyncByteStream):
                 self._status,
             )
         self._held += len(piece)
+        if (rollout := self._rollout) is not None:
+            rollout.read += len(piece)
+            if rollout.read > rollout.limit:
+                raise AnswerRefused(
+                    f"{_what(self._request)}: this rollout's answers add up to over "
+                    f"{rollout.limit // MIB} MiB ({ROLLOUT_SETTING})",
+                    self._status,
+                )
         given = bytearray(piece)
         self._given.append(given)
         return given
@@ -283,9 +320,12 @@ __all__ = [
     "CAP_SETTING",
     "IN_FLIGHT_SETTING",
     "MIB",
+    "ROLLOUT_SETTING",
     "AnswerRefused",
     "AnswersInFlightFull",
     "CappedTransport",
     "InFlightBudget",
+    "RolloutAnswers",
     "in_flight_budget",
+    "reading_answers",
 ]

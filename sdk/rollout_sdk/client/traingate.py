@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import ssl
+import threading
 import time
 import zlib
 from collections.abc import Awaitable, Callable
@@ -106,6 +107,28 @@ async def _drain(response: httpx.Response) -> None:
         pass  # its status is what counts; the rest is not read
     finally:
         await response.aclose()
+
+
+# A large answer is parsed in a thread, one at a time per process: what a parse holds can be
+# twenty times the answer's bytes (a list of small objects) until its checks drop it.
+_LARGE_PARSES = threading.BoundedSemaphore(1)
+
+
+def _parse_large(content: bytes) -> CompletionsResponse:
+    with _LARGE_PARSES:
+        return CompletionsResponse.model_validate_json(content)
+
+
+def _oversized(parsed: CompletionsResponse, max_tokens: int, sent_bytes: int) -> str | None:
+    """Why an answer's token lists cannot be what was asked (``None``: they can): more
+    completion tokens than ``max_tokens``, more prompt tokens than the prompt had bytes. Each
+    would be kept with the rollout's turns."""
+    for name, values in (("token_ids", parsed.token_ids), ("logprobs", parsed.logprobs)):
+        if values is not None and len(values) > max_tokens:
+            return f"{name}: {len(values)} values, more than the max_tokens ({max_tokens}) asked"
+    if parsed.prompt_token_ids is not None and len(parsed.prompt_token_ids) > sent_bytes:
+        return "prompt_token_ids: more ids than the prompt sent had bytes"
+    return None
 
 
 def _is_200(status: int) -> bool:
@@ -315,23 +338,22 @@ class OsmosisLLMClient:
             logprobs=logprobs,
         )
         started = time.monotonic()
+        sent = request.model_dump_json(exclude_none=True)
         response = await self._post(
-            "/v1/chat/completions",
-            request.model_dump_json(exclude_none=True),
-            retries=self.max_retries,
-            is_success=_is_200,
+            "/v1/chat/completions", sent, retries=self.max_retries, is_success=_is_200
         )
         try:
             if len(response.content) > PARSE_IN_THREAD_BYTES:
-                parsed = await asyncio.to_thread(
-                    CompletionsResponse.model_validate_json, response.content
-                )
+                parsed = await asyncio.to_thread(_parse_large, response.content)
             else:
                 parsed = CompletionsResponse.model_validate_json(response.content)
             choice = parsed.choices[0]
+            problem = _oversized(parsed, max_tokens, len(sent))
         except (ValidationError, IndexError) as exc:
+            problem = _unusable(exc)
+        if problem is not None:
             raise OsmosisValidationError(
-                f"TrainGate returned an unusable chat completion: {_unusable(exc)}",
+                f"TrainGate returned an unusable chat completion: {problem}",
                 response.status_code,
             ) from None
         usage = parsed.usage or {}

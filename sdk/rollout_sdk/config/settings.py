@@ -34,10 +34,12 @@ class RolloutClientSettings(BaseSettings):
     retry_max_delay: float = Field(30.0, ge=1, le=300)
     max_connections: int = Field(100, ge=1, le=1000)
     max_keepalive_connections: int = Field(20, ge=1, le=100)
-    # Beyond upstream: what one answer may hold (raw or decoded), and what the answers being
-    # read at once may hold together in this process (docs/OPERATIONS.md sizes them).
+    # Beyond upstream: what one answer may hold (raw or decoded), what the answers being read
+    # at once may hold together in this process, and what one rollout's answers may add up
+    # to (docs/OPERATIONS.md sizes them).
     max_answer_mb: int = Field(8, ge=1, le=256)
     answers_in_flight_mb: int = Field(128, ge=1, le=4096)
+    max_rollout_answers_mb: int = Field(32, ge=1, le=4096)
     # Beyond upstream: networks no trainer-chosen URL may reach (comma-separated CIDRs),
     # besides link-local and cloud-metadata addresses, which are always refused.
     refused_networks: Annotated[list[ipaddress.IPv4Network | ipaddress.IPv6Network], NoDecode] = (

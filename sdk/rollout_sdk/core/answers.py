@@ -84,6 +84,38 @@ def message_problem(message: Any) -> str | None:
     return None
 
 
+_KEPT_OBJECTS = frozenset({"tool_calls", "function_call"})
+_NUMBER = (int, float)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def kept_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An answered message as an agent keeps it: its fields of text and numbers, its tool
+    calls; a field of a server's own holding a list or an object is dropped (the message is
+    sent back in every later prompt, and such a field can hold megabytes of small objects)."""
+    if all(_scalar(value) or name in _KEPT_OBJECTS for name, value in message.items()):
+        return message
+    return {
+        name: value for name, value in message.items() if _scalar(value) or name in _KEPT_OBJECTS
+    }
+
+
+def kept_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """Usage as counts: numbers, and objects of numbers one level down (``…_details``)."""
+    kept: dict[str, Any] = {}
+    for name, value in usage.items():
+        if isinstance(value, _NUMBER) and not isinstance(value, bool):
+            kept[name] = value
+        elif isinstance(value, dict) and len(value) <= 32:
+            inner = {k: v for k, v in value.items() if isinstance(v, _NUMBER)}
+            if inner:
+                kept[name] = inner
+    return kept
+
+
 def _choices(data: Any) -> list[tuple[int, Any]]:
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list):
@@ -124,5 +156,7 @@ __all__ = [
     "ChatAnswerInvalid",
     "check_chunk",
     "check_completion",
+    "kept_message",
+    "kept_usage",
     "message_problem",
 ]

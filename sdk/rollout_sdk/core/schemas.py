@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from rollout_sdk.config import DEFAULT_MAX_METADATA_SIZE_BYTES, get_settings
-from rollout_sdk.core.answers import message_problem
+from rollout_sdk.core.answers import kept_message, kept_usage, message_problem
 from rollout_sdk.utils import ensure_bearer_token, normalize_stop
 
 MessageDict = dict[str, Any]
@@ -261,16 +261,18 @@ class CompletionsChoice(BaseModel):
     @field_validator("message")
     @classmethod
     def _assistant_message(cls, message: MessageDict) -> MessageDict:
-        """The OpenAI shape (``rollout_sdk.core.answers``); the dict itself is kept."""
+        """The OpenAI shape (``rollout_sdk.core.answers``), kept without fields of its own
+        that hold lists or objects (they would be carried in every later prompt)."""
         if (problem := message_problem(message)) is not None:
             raise ValueError(problem)
-        return message
+        return kept_message(message)
 
 
 class CompletionsResponse(BaseModel):
-    """An OpenAI-shaped ``chat.completion`` as the TrainGate returns it."""
+    """An OpenAI-shaped ``chat.completion`` as the TrainGate returns it (fields beyond these
+    are not kept: a TrainGate's answer is untrusted bytes, and the turn keeps only these)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
 
     id: str = ""
     object: str = "chat.completion"
@@ -281,6 +283,12 @@ class CompletionsResponse(BaseModel):
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     prompt_token_ids: list[int] | None = None
+
+    @field_validator("usage")
+    @classmethod
+    def _counts_only(cls, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Usage is counts: numbers, and objects of numbers one level down; the rest goes."""
+        return None if usage is None else kept_usage(usage)
 
 
 # --- completion callback (outbound) ----------------------------------------------------
