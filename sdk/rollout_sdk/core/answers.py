@@ -69,18 +69,19 @@ class ChatAnswerInvalid(ValueError):
     own_words = True
 
 
-def _problem(exc: ValidationError, where: str) -> str:
+def _problem(exc: ValidationError, where: str = "") -> str:
     first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
-    loc = ".".join([where, *map(str, first["loc"])])
+    loc = ".".join([where, *map(str, first["loc"])] if where else map(str, first["loc"]))
     return f"{loc}: {first['msg']}"
 
 
 def message_problem(message: Any) -> str | None:
-    """What is wrong with an answered ``message`` (``None``: nothing), as ``field: why``."""
+    """What is wrong with an answered ``message`` (``None``: nothing), as ``field: why``
+    (the field within the message)."""
     try:
         AnswerMessage.model_validate(message)
     except ValidationError as exc:
-        return _problem(exc, "message")
+        return _problem(exc)
     return None
 
 

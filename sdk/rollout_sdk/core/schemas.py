@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from rollout_sdk.config import DEFAULT_MAX_METADATA_SIZE_BYTES, get_settings
 from rollout_sdk.core.answers import kept_message, kept_usage, message_problem
@@ -264,7 +265,7 @@ class CompletionsChoice(BaseModel):
         """The OpenAI shape (``rollout_sdk.core.answers``), kept without fields of its own
         that hold lists or objects (they would be carried in every later prompt)."""
         if (problem := message_problem(message)) is not None:
-            raise ValueError(problem)
+            raise PydanticCustomError("answer_shape", problem)
         return kept_message(message)
 
 
