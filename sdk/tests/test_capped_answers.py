@@ -18,7 +18,12 @@ from openai import APIConnectionError
 from rollout_sdk.client import OsmosisLLMClient, new_http_client
 from rollout_sdk.client.capped import MIB, AnswerRefused, in_flight_budget, reading_answers
 from rollout_sdk.config import RolloutSettings
-from rollout_sdk.core.answers import ChatAnswerInvalid
+from rollout_sdk.core.answers import (
+    MAX_TOOL_CALLS,
+    ChatAnswerInvalid,
+    check_chunk,
+    check_completion,
+)
 from rollout_sdk.core.exceptions import OsmosisTransportError, OsmosisValidationError
 from rollout_sdk.core.foreign import describe, format_exception
 from rollout_sdk.integrations.openai_client import TrainGateOpenAI
@@ -315,3 +320,22 @@ async def test_a_rollouts_answers_add_up_to_its_budget_over_every_turn() -> None
         assert "(OSMOSIS_ROLLOUT_CLIENT_MAX_ROLLOUT_ANSWERS_MB)" in str(caught.value)
         with reading_answers(1):  # a new rollout starts from nothing
             await client.chat_completions([{"role": "user", "content": "q"}])
+
+
+def test_an_answer_holds_at_most_128_tool_calls_whole_or_streamed() -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    whole = completion()
+    whole["choices"][0]["message"]["tool_calls"] = [call] * MAX_TOOL_CALLS
+    check_completion(whole)
+    whole["choices"][0]["message"]["tool_calls"] = [call] * (MAX_TOOL_CALLS + 1)
+    with pytest.raises(ChatAnswerInvalid, match=r"choices\.0\.message\.tool_calls: "):
+        check_completion(whole)
+
+    def chunk(index: int) -> dict[str, Any]:
+        delta = {"tool_calls": [{"index": index, "function": {"arguments": "{}"}}]}
+        return {"choices": [{"index": 0, "delta": delta}]}
+
+    check_chunk(chunk(MAX_TOOL_CALLS - 1))
+    for index in (MAX_TOOL_CALLS, -1):
+        with pytest.raises(ChatAnswerInvalid, match=r"choices\.0\.delta\.tool_calls\.0\.index"):
+            check_chunk(chunk(index))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import V2_ENV, StartFleet
-from tests.harness import REPO, FleetUnderTest, V2FleetUnderTest, new_id, script
+from tests.harness import REPO, FleetUnderTest, V2FleetUnderTest, new_id, script, supervised
 
 ID_HEADERS_AGENT = str(REPO / "tests/agents/id_headers_v2.py")
 SHAPES = {
@@ -117,3 +117,76 @@ def test_a_v2_answer_of_another_shape_fails_its_rollout_naming_the_field(
     assert result["status"] == "failure"
     assert result["err_category"] == "validation_error"
     assert f"choices.0.message.{field}: Input should be" in result["err_message"]
+
+
+STRANDS = str(REPO / "examples/strands_multiply/main.py")
+STREAMED_TOOL_CALLS = 20_000  # ~4 MiB of chunks: well under the byte cap
+
+
+class ManyToolCalls:
+    """Streams one answer of :data:`STREAMED_TOOL_CALLS` tool-call deltas, each its own
+    ``index`` (every chat call gets it)."""
+
+    def __init__(self) -> None:
+        event = (
+            'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
+            '"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"c%d",'
+            '"type":"function","function":{"name":"multiply","arguments":"{}"}}]}}]}\n\n'
+        )
+        body = "".join(event % (i, i) for i in range(STREAMED_TOOL_CALLS)) + "data: [DONE]\n\n"
+        answer = body.encode()
+        self.chats = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.chats += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_a_streamed_answer_of_thousands_of_tool_calls_fails_its_rollout_not_the_worker(
+    start_fleet: StartFleet,
+) -> None:
+    """Twenty thousand streamed tool calls in one answer, a few MiB: a Strands agent would
+    run them all at once (the worker's loop stalled for 10 s and it was restarted, its other
+    rollouts started over, and the rollout was blamed on the agent). The answer fails at the
+    first tool call past the limit, naming the field; the worker never restarts."""
+    server = ManyToolCalls()
+    handle = start_fleet(STRANDS, workers=1, gateways=1, handle=V2FleetUnderTest, env=V2_ENV)
+    assert isinstance(handle, V2FleetUnderTest)
+    try:
+        with supervised(handle.fleet) as restarted:
+            result = handle.run(
+                initial_messages=[{"role": "user", "content": "6*7?"}],
+                chat_completions_url=server.url + "/v1",
+                label="42",
+            )
+        assert result["status"] == "failure"
+        assert (
+            "choices.0.delta.tool_calls.0.index: Input should be less than 128"
+            in (result["err_message"])
+        ), result
+        assert restarted == []
+        view = handle.http.get(f"/v1/rollouts/{result['rollout_id']}").json()
+        assert view["attempt"] == 1
+    finally:
+        handle.close()
+        server.close()

@@ -4,7 +4,9 @@ answers and for each streamed chunk).
 
 A TrainGate is the trainer's, and its answers are untrusted bytes: a message whose ``role``
 is not ``assistant`` or whose ``content`` is not text would otherwise pass as a success and
-end up in the rollout's messages, the trajectory and the next prompt. A mismatch fails the
+end up in the rollout's messages, the trajectory and the next prompt; one of thousands of
+tool calls (a streamed tool call's ``index`` alike) would make the agent's framework run
+them all. At most :data:`MAX_TOOL_CALLS` per answer. A mismatch fails the
 call, naming the field (:class:`ChatAnswerInvalid`, a ``ValueError``: the rollout's category is
 ``validation_error``). Fields beyond these pass through untouched (servers add their own, such
 as ``reasoning_content``).
@@ -14,7 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Tool calls one answer may hold: an agent's framework runs one task per call, so an answer
+# of tens of thousands of small ones (well under any byte cap) stalls and balloons a worker.
+MAX_TOOL_CALLS = 128
 
 
 class _Open(BaseModel):
@@ -38,7 +44,7 @@ class AnswerMessage(_Open):
     role: Literal["assistant"]
     content: str | None = None
     refusal: str | None = None
-    tool_calls: list[_ToolCall] | None = None
+    tool_calls: list[_ToolCall] | None = Field(None, max_length=MAX_TOOL_CALLS)
 
 
 class _ChunkFunction(_Open):
@@ -47,7 +53,7 @@ class _ChunkFunction(_Open):
 
 
 class _ChunkToolCall(_Open):
-    index: int
+    index: int = Field(ge=0, lt=MAX_TOOL_CALLS)
     id: str | None = None
     type: Literal["function"] | None = None
     function: _ChunkFunction | None = None
@@ -59,7 +65,7 @@ class AnswerDelta(_Open):
     role: Literal["assistant"] | None = None
     content: str | None = None
     refusal: str | None = None
-    tool_calls: list[_ChunkToolCall] | None = None
+    tool_calls: list[_ChunkToolCall] | None = Field(None, max_length=MAX_TOOL_CALLS)
 
 
 class ChatAnswerInvalid(ValueError):
@@ -152,6 +158,7 @@ def check_chunk(data: Any) -> None:
 
 
 __all__ = [
+    "MAX_TOOL_CALLS",
     "AnswerDelta",
     "AnswerMessage",
     "ChatAnswerInvalid",
