@@ -340,9 +340,10 @@ def test_a_storm_of_hostile_answers_keeps_a_worker_within_its_bound(
     """A hundred rollouts at once, every one meeting a 100 MB valid JSON answer gzipped to
     100 KB, on a worker at the default concurrency and caps: its peak RSS stays under
     600 MiB (the caps bound what is read at once, ``OSMOSIS_ROLLOUT_CLIENT_ANSWERS_IN_FLIGHT
-    _MB``, and what a refused read leaves behind), and every rollout ends once, failed. Which
-    failure a hostile rollout gets depends on when its calls found room to read (over the cap,
-    or its deadline while retrying): not judged here."""
+    _MB``, and what a refused read leaves behind), and every rollout ends once, the hostile
+    ones failed. Which failure a hostile rollout gets depends on when its calls found room to
+    read (over the cap, or its deadline while retrying): not judged here; an ordinary one
+    beside them succeeds unless the shared in-flight budget was spent for it."""
     mode = Mode.GZIP_JSON_100MB
     env = {
         "OSMOSIS_ROLLOUT_CLIENT_MAX_RETRIES": str(CHAT_RETRIES),
@@ -371,6 +372,15 @@ def test_a_storm_of_hostile_answers_keeps_a_worker_within_its_bound(
     assert all(o.ended_after is not None for o in outcomes)
     assert all(o.view.get("attempt") == 1 for o in outcomes), views
     for outcome in outcomes:
-        status = outcome.result.get("status") if target == "v2-chat" else outcome.view["status"]
-        assert status == ("failure" if outcome.hostile else "success"), outcome.view
+        if target == "v2-chat":
+            status, error = outcome.result.get("status"), outcome.result.get("err_message")
+        else:
+            status, error = outcome.view["status"], outcome.view.get("error")
+        if outcome.hostile:
+            assert status == "failure", outcome.view
+        elif status != "success":
+            # The in-flight budget is the process's, shared by every rollout on it: under a
+            # storm an ordinary call may find it spent (a documented limit). It says so, or
+            # ran out of its time retrying.
+            assert "ANSWERS_IN_FLIGHT_MB" in str(error) or "deadline" in str(error), error
     assert not leaks(SECRET, {"views": views, "logs": all_logs(handle)})
