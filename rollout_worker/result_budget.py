@@ -29,8 +29,7 @@ class ResultBudget:
     def over(self, *parts: str) -> str | None:
         """Why ``parts`` (the texts to be written) are over the budget; ``None`` if not. A text
         is measured in UTF-8 bytes, encoded only if its characters alone could tip it."""
-        size, chars = 0, sum(map(len, parts))
-        if chars * 4 <= self.limit:  # even all 4-byte characters fit
+        if sum(map(len, parts)) * 4 <= self.limit:  # even all 4-byte characters fit
             return None
         size = sum(len(part.encode("utf-8", "surrogatepass")) for part in parts)
         if size <= self.limit:

@@ -23,31 +23,25 @@ SHAPES = {
 }
 
 
-class OddTrainGate:
-    """Answers every chat call with ``message``, and every callback with 200."""
+class TrainGate:
+    """Answers every chat call with ``answer`` (of ``content_type``), and every callback with
+    200, keeping the callbacks' bodies."""
 
-    def __init__(self, message: dict[str, Any]) -> None:
-        answer = {
-            "id": "c",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
+    def __init__(self, answer: bytes, content_type: str = "application/json") -> None:
         self.callbacks: list[dict[str, Any]] = []
         callbacks = self.callbacks
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                out = b"{}"
+                out, kind = answer, content_type
                 if self.path.endswith("/rollout/completed"):
                     callbacks.append(json.loads(body))
-                else:
-                    out = json.dumps(answer).encode()
+                    out, kind = b"{}", "application/json"
                 self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
                 self.wfile.write(out)
@@ -64,10 +58,22 @@ class OddTrainGate:
         self._server.server_close()
 
 
+def completion_of(message: dict[str, Any]) -> bytes:
+    answer = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+    return json.dumps(answer).encode()
+
+
 @pytest.fixture(params=list(SHAPES), ids=list(SHAPES))
-def odd(request: pytest.FixtureRequest) -> Iterator[tuple[OddTrainGate, str]]:
+def odd(request: pytest.FixtureRequest) -> Iterator[tuple[TrainGate, str]]:
     message, field = SHAPES[request.param]
-    server = OddTrainGate(message)
+    server = TrainGate(completion_of(message))
     yield server, field
     server.close()
 
@@ -90,7 +96,7 @@ def v2(start_fleet: StartFleet) -> Iterator[V2FleetUnderTest]:
 
 
 def test_a_v1_answer_of_another_shape_fails_its_rollout_naming_the_field(
-    v1: FleetUnderTest, odd: tuple[OddTrainGate, str]
+    v1: FleetUnderTest, odd: tuple[TrainGate, str]
 ) -> None:
     server, field = odd
     rollout_id = new_id("odd-shape")
@@ -107,7 +113,7 @@ def test_a_v1_answer_of_another_shape_fails_its_rollout_naming_the_field(
 
 
 def test_a_v2_answer_of_another_shape_fails_its_rollout_naming_the_field(
-    v2: V2FleetUnderTest, odd: tuple[OddTrainGate, str]
+    v2: V2FleetUnderTest, odd: tuple[TrainGate, str]
 ) -> None:
     server, field = odd
     result = v2.run(
@@ -123,43 +129,16 @@ STRANDS = str(REPO / "examples/strands_multiply/main.py")
 STREAMED_TOOL_CALLS = 20_000  # ~4 MiB of chunks: well under the byte cap
 
 
-class ManyToolCalls:
-    """Streams one answer of :data:`STREAMED_TOOL_CALLS` tool-call deltas, each its own
-    ``index`` (every chat call gets it)."""
-
-    def __init__(self) -> None:
-        event = (
-            'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
-            '"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"c%d",'
-            '"type":"function","function":{"name":"multiply","arguments":"{}"}}]}}]}\n\n'
-        )
-        body = "".join(event % (i, i) for i in range(STREAMED_TOOL_CALLS)) + "data: [DONE]\n\n"
-        answer = body.encode()
-        self.chats = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.chats += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+def many_tool_calls() -> bytes:
+    """One streamed answer of :data:`STREAMED_TOOL_CALLS` tool-call deltas, each its own
+    ``index``."""
+    event = (
+        'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
+        '"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"c%d",'
+        '"type":"function","function":{"name":"multiply","arguments":"{}"}}]}}]}\n\n'
+    )
+    body = "".join(event % (i, i) for i in range(STREAMED_TOOL_CALLS)) + "data: [DONE]\n\n"
+    return body.encode()
 
 
 def test_a_streamed_answer_of_thousands_of_tool_calls_fails_its_rollout_not_the_worker(
@@ -169,7 +148,7 @@ def test_a_streamed_answer_of_thousands_of_tool_calls_fails_its_rollout_not_the_
     run them all at once (the worker's loop stalled for 10 s and it was restarted, its other
     rollouts started over, and the rollout was blamed on the agent). The answer fails at the
     first tool call past the limit, naming the field; the worker never restarts."""
-    server = ManyToolCalls()
+    server = TrainGate(many_tool_calls(), "text/event-stream")
     handle = start_fleet(STRANDS, workers=1, gateways=1, handle=V2FleetUnderTest, env=V2_ENV)
     assert isinstance(handle, V2FleetUnderTest)
     try:

@@ -95,6 +95,21 @@ def fleet_env(traces: TraceSink) -> dict[str, str]:
     }
 
 
+def one_worker(start_fleet: StartFleet, target: str, env: dict[str, str]) -> FleetUnderTest:
+    """A fleet of one gateway and one worker at the product's default concurrency: the v2
+    agent for ``v2-chat``, the scripted v1 agent otherwise."""
+    if target == "v2-chat":
+        return start_fleet(
+            ID_HEADERS_AGENT,
+            workers=1,
+            gateways=1,
+            concurrency=None,
+            handle=V2FleetUnderTest,
+            env={**V2_ENV, **env},
+        )
+    return start_fleet(SCRIPTED_AGENT, workers=1, concurrency=None, env=env)
+
+
 def worker_pids(handle: FleetUnderTest) -> list[int]:
     return [
         process.pid
@@ -255,18 +270,7 @@ def test_a_hostile_answer_fails_its_rollouts_and_nothing_else(
     target: str,
     mode: Mode,
 ) -> None:
-    env = fleet_env(traces)
-    if target == "v2-chat":
-        handle = start_fleet(
-            ID_HEADERS_AGENT,
-            workers=1,
-            gateways=1,
-            concurrency=None,
-            handle=V2FleetUnderTest,
-            env={**V2_ENV, **env},
-        )
-    else:
-        handle = start_fleet(SCRIPTED_AGENT, workers=1, concurrency=None, env=env)
+    handle = one_worker(start_fleet, target, fleet_env(traces))
     watch = RssWatch(lambda: worker_pids(handle), guard=RSS_GUARD)
     idle = watch.idle()
     with watch, supervised(handle.fleet) as restarted:
@@ -349,17 +353,7 @@ def test_a_storm_of_hostile_answers_keeps_a_worker_within_its_bound(
         "OSMOSIS_ROLLOUT_CLIENT_MAX_RETRIES": str(CHAT_RETRIES),
         "OSMOSIS_ROLLOUT_CLIENT_COMPLETE_ROLLOUT_RETRIES": str(CALLBACK_RETRIES),
     }
-    if target == "v2-chat":
-        handle = start_fleet(
-            ID_HEADERS_AGENT,
-            workers=1,
-            gateways=1,
-            concurrency=None,
-            handle=V2FleetUnderTest,
-            env={**V2_ENV, **env},
-        )
-    else:
-        handle = start_fleet(SCRIPTED_AGENT, workers=1, concurrency=None, env=env)
+    handle = one_worker(start_fleet, target, env)
     watch = RssWatch(lambda: worker_pids(handle), guard=RSS_GUARD)
     idle = watch.idle()
     with watch, supervised(handle.fleet) as restarted:

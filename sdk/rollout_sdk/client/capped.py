@@ -22,6 +22,9 @@ from contextvars import ContextVar
 
 import httpx
 
+from rollout_sdk.config import RolloutClientSettings
+from rollout_sdk.core.foreign import named
+
 MIB = 1024 * 1024
 # A compressed chunk expands in steps of this many bytes, each checked against the cap.
 _STEP = 64 * 1024
@@ -46,7 +49,7 @@ class AnswerRefused(httpx.DecodingError):
     @classmethod
     def over(cls, request: httpx.Request, status_code: int, cap: int) -> AnswerRefused:
         return cls(
-            f"{_what(request)}: the answer is over {cap // MIB} MiB ({CAP_SETTING})", status_code
+            f"{named(request)}: the answer is over {cap // MIB} MiB ({CAP_SETTING})", status_code
         )
 
 
@@ -116,12 +119,6 @@ def in_flight_budget(limit: int) -> InFlightBudget:
         return budget
 
 
-def _what(request: httpx.Request) -> str:
-    """The request as an error names it: method and URL without its credentials or query."""
-    url = request.url
-    return f"{request.method} {url.scheme}://{url.netloc.decode('ascii')}{url.path}"
-
-
 class _Inflater:
     """``gzip`` or ``deflate`` (zlib-wrapped or raw, as servers send it), decoded a step at a
     time so that no chunk expands past what the cap still allows."""
@@ -132,7 +129,7 @@ class _Inflater:
         self._inflate = zlib.decompressobj(wbits)
         self._started = False
 
-    def pieces(self, data: bytes) -> list[bytes] | None:
+    def first(self, data: bytes) -> bytes | None:
         """The first step of ``data`` decoded; then :meth:`more` until it returns ``b""``.
         ``None`` if the data is not of its encoding."""
         try:
@@ -142,9 +139,9 @@ class _Inflater:
                 return None
             self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
             self._raw_fallback = False
-            return self.pieces(data)
+            return self.first(data)
         self._started = True
-        return [piece]
+        return piece
 
     def more(self) -> bytes:
         tail = self._inflate.unconsumed_tail
@@ -196,7 +193,7 @@ class _CappedStream(httpx.AsyncByteStream):
             raise self._over()
         if not self._budget.take(len(piece)):
             raise AnswersInFlightFull(
-                f"{_what(self._request)}: this process is reading "
+                f"{named(self._request)}: this process is reading "
                 f"{self._budget.limit // MIB} MiB of answers already ({IN_FLIGHT_SETTING})",
                 self._status,
             )
@@ -205,7 +202,7 @@ class _CappedStream(httpx.AsyncByteStream):
             rollout.read += len(piece)
             if rollout.read > rollout.limit:
                 raise AnswerRefused(
-                    f"{_what(self._request)}: this rollout's answers add up to over "
+                    f"{named(self._request)}: this rollout's answers add up to over "
                     f"{rollout.limit // MIB} MiB ({ROLLOUT_SETTING})",
                     self._status,
                 )
@@ -235,13 +232,12 @@ class _CappedStream(httpx.AsyncByteStream):
             if self._inflater is None:
                 yield self._charge(chunk)
                 continue
-            pieces = self._inflater.pieces(chunk)
-            if pieces is None:
+            piece = self._inflater.first(chunk)
+            if piece is None:
                 raise AnswerRefused(
-                    f"{_what(self._request)}: the answer is not the encoding it declares",
+                    f"{named(self._request)}: the answer is not the encoding it declares",
                     self._status,
                 )
-            piece = pieces[0]
             while piece:
                 yield self._charge(piece)
                 piece = self._inflater.more()
@@ -267,6 +263,11 @@ class CappedTransport(httpx.AsyncBaseTransport):
         self._inner = inner
         self._cap = cap_bytes
         self._budget = in_flight_budget(in_flight_bytes)
+
+    @classmethod
+    def of(cls, inner: httpx.AsyncBaseTransport, client: RolloutClientSettings) -> CappedTransport:
+        """``inner`` capped as the client settings say."""
+        return cls(inner, client.max_answer_mb * MIB, client.answers_in_flight_mb * MIB)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self._inner.handle_async_request(request)
@@ -307,7 +308,7 @@ class CappedTransport(httpx.AsyncBaseTransport):
             return None
         if len(declared) > 1 or declared[0] not in _DECODED:
             raise AnswerRefused(
-                f"{_what(request)}: the answer's Content-Encoding is not gzip or deflate",
+                f"{named(request)}: the answer's Content-Encoding is not gzip or deflate",
                 response.status_code,
             )
         return declared[0]

@@ -12,8 +12,8 @@ import asyncio
 import logging
 import math
 import ssl
-import threading
 import time
+import weakref
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from rollout_sdk.client.capped import MIB, AnswerRefused, CappedTransport
+from rollout_sdk.client.capped import AnswerRefused, CappedTransport
 from rollout_sdk.client.destinations import RefusedDestination, checked_transport
 from rollout_sdk.client.turns import Turn, TurnCapture, make_turn
 from rollout_sdk.config import RolloutSettings, get_settings
@@ -109,14 +109,18 @@ async def _drain(response: httpx.Response) -> None:
         await response.aclose()
 
 
-# A large answer is parsed in a thread, one at a time per process: what a parse holds can be
-# twenty times the answer's bytes (a list of small objects) until its checks drop it.
-_LARGE_PARSES = threading.BoundedSemaphore(1)
+# A large answer is parsed in a thread, one at a time per event loop: what a parse holds can
+# be twenty times the answer's bytes (a list of small objects) until its checks drop it. The
+# waiting is done on the loop, so waiting parses hold no thread of the loop's executor.
+_large_parses: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _parse_large(content: bytes) -> CompletionsResponse:
-    with _LARGE_PARSES:
-        return CompletionsResponse.model_validate_json(content)
+async def _parse_large(content: bytes) -> CompletionsResponse:
+    lock = _large_parses.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+    async with lock:
+        return await asyncio.to_thread(CompletionsResponse.model_validate_json, content)
 
 
 def _oversized(parsed: CompletionsResponse, max_tokens: int, sent_bytes: int) -> str | None:
@@ -203,10 +207,8 @@ def new_http_client(
         max_keepalive_connections=client_settings.max_keepalive_connections,
     )
     tls = tls or httpx.create_ssl_context()
-    transport = CappedTransport(
-        checked_transport(client_settings.refused_networks, limits, tls),
-        client_settings.max_answer_mb * MIB,
-        client_settings.answers_in_flight_mb * MIB,
+    transport = CappedTransport.of(
+        checked_transport(client_settings.refused_networks, limits, tls), client_settings
     )
     return httpx.AsyncClient(
         transport=_ObservedTransport(transport),
@@ -344,7 +346,7 @@ class OsmosisLLMClient:
         )
         try:
             if len(response.content) > PARSE_IN_THREAD_BYTES:
-                parsed = await asyncio.to_thread(_parse_large, response.content)
+                parsed = await _parse_large(response.content)
             else:
                 parsed = CompletionsResponse.model_validate_json(response.content)
             choice = parsed.choices[0]

@@ -65,18 +65,21 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
+def named(request: httpx.Request) -> str:
+    """A request as an error names it: method and URL without credentials or query."""
+    url = request.url
+    return f"{request.method} {url.scheme}://{url.netloc.decode('ascii')}{url.path}"
+
+
 def _call(exc: BaseException) -> str:
-    """The request an httpx/httpcore error was about, as the SDK sent it (no query)."""
+    """The request an httpx/httpcore error was about, as the SDK sent it (:func:`named`)."""
     for link in _chain(exc):
         try:
             request = link.request  # type: ignore[attr-defined]
-            url = request.url
-        except (AttributeError, RuntimeError):
+        except (AttributeError, RuntimeError):  # httpx raises the latter when it has none
             continue
-        try:
-            return f"{request.method} {url.scheme}://{url.netloc.decode('ascii')}{url.path}"
-        except (AttributeError, UnicodeDecodeError):
-            continue
+        if isinstance(request, httpx.Request):
+            return named(request)
     return ""
 
 
@@ -194,6 +197,7 @@ __all__ = [
     "foreign_texts",
     "format_exception",
     "is_foreign_type",
+    "named",
     "quotes_foreign_bytes",
     "scrub",
 ]

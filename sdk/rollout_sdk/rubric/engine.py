@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from rollout_sdk.client.capped import MIB, CappedTransport
+from rollout_sdk.client.capped import CappedTransport
 from rollout_sdk.config import get_settings
 from rollout_sdk.rubric.types import (
     MissingAPIKeyError,
@@ -181,10 +181,7 @@ def parse_judgement(content: str) -> tuple[float, str]:
 
 def _capped() -> CappedTransport:
     """The judge's answers are read against the SDK's answer caps, as a TrainGate's are."""
-    client = get_settings().client
-    return CappedTransport(
-        httpx.AsyncHTTPTransport(), client.max_answer_mb * MIB, client.answers_in_flight_mb * MIB
-    )
+    return CappedTransport.of(httpx.AsyncHTTPTransport(), get_settings().client)
 
 
 def _error_detail(response: httpx.Response) -> str:
